@@ -1,0 +1,3 @@
+from cosched.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,202 @@
+"""The ``cosched`` command: daemon, status, validate, check-config."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+
+from cosched import __version__
+from cosched.config import DEFAULT_PATH, Config, ConfigError, load, parse_address
+from cosched.control import request
+
+
+def _load_config(path: str | None) -> Config:
+    try:
+        return load(path)
+    except ConfigError as e:
+        raise SystemExit(f"cosched: bad configuration: {e}")
+
+
+def cmd_daemon(args) -> int:
+    from dataclasses import replace
+
+    from cosched.daemon import Daemon
+
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    config = _load_config(args.config)
+    overrides = {}
+    if args.connect:
+        overrides["connect"] = args.connect
+    if args.metrics_address:
+        try:
+            parse_address(args.metrics_address, "--metrics-address")
+        except ConfigError as e:
+            raise SystemExit(f"cosched: {e}")
+        overrides["metrics_address"] = args.metrics_address
+    config = replace(config, **overrides)
+    try:
+        return Daemon(config, dry_run=args.dry_run).run()
+    except RuntimeError as e:
+        print(f"cosched: {e}", file=sys.stderr)
+        return 1
+
+
+def _status(config: Config) -> dict | None:
+    try:
+        return request(config.socket_path)
+    except (OSError, ValueError):
+        return None
+
+
+def _pct(part: float, whole: float) -> str:
+    return f"{100.0 * part / whole:5.1f}" if whole > 0 else "    -"
+
+
+def render(status: dict, previous: dict | None = None) -> str:
+    """A human view of a status document; with ``previous``, rates between the two."""
+    d = status["daemon"]
+    host = status["host"]
+    lines = [
+        f"cosched {d['version']}  libvirt {d['libvirt']['uri']} "
+        f"{'connected' if d['libvirt']['connected'] else 'DISCONNECTED'}  host cpus {host['cpus']}  "
+        f"cgroup {host['cgroup']}{'  DRY-RUN' if d['dry_run'] else ''}",
+        f"{'DOMAIN':<16} {'POLICY':<10} {'VCPU':>4} {'TID':>8} {'CPUS':<8} {'SCHED':<6} {'FRZ':<3} "
+        f"{'RUN%':>5} {'WAIT%':>5} {'HAZARD%':>7} {'SKEW ms':>7}",
+    ]
+    before = {x["uuid"]: x for x in previous["domains"]} if previous else {}
+    for dom in status["domains"]:
+        old = before.get(dom["uuid"])
+        span = dom["observed_seconds"] - (old["observed_seconds"] if old else 0.0)
+        hazard = dom["hazard_seconds"] - (old["hazard_seconds"] if old else 0.0)
+        old_vcpus = {v["index"]: v for v in old["vcpus"]} if old else {}
+        policy = dom["policy"] or "INVALID"
+        skew = f"{1000 * dom['skew_mean_seconds']:.2f}"
+        for i, v in enumerate(dom["vcpus"]):
+            ov = old_vcpus.get(v["index"]) if old_vcpus.get(v["index"], {}).get("tid") == v["tid"] else None
+            run = (v["run_seconds"] or 0.0) - ((ov or {}).get("run_seconds") or 0.0)
+            wait = (v["wait_seconds"] or 0.0) - ((ov or {}).get("wait_seconds") or 0.0)
+            rates = (_pct(run, span), _pct(wait, span)) if ov else ("    -", "    -")
+            first = i == 0
+            lines.append(
+                f"{dom['name'] if first else '':<16} {policy if first else '':<10} {v['index']:>4} {v['tid']:>8} "
+                f"{','.join(map(str, v['cpus'])):<8} {v['sched']:<6} {'yes' if v['frozen'] else 'no':<3} "
+                f"{rates[0]:>5} {rates[1]:>5} "
+                f"{(_pct(hazard, span) if first else ''):>7} {(skew if first else ''):>7}"
+            )
+        if not dom["vcpus"]:
+            lines.append(f"{dom['name']:<16} {policy:<10} (no vCPU threads found)")
+        if dom["error"]:
+            lines.append(f"{'':<16} error: {dom['error']}")
+    if not status["domains"]:
+        lines.append("(no running domains)")
+    return "\n".join(lines)
+
+
+def cmd_status(args) -> int:
+    config = _load_config(args.config)
+    status = _status(config)
+    if status is None:
+        print(f"cosched: no daemon is running (nothing answers on {config.socket_path})", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(status, indent=2))
+        return 0
+    if not args.watch:
+        print(render(status))
+        return 0
+    try:
+        while True:
+            time.sleep(args.watch)
+            new = _status(config)
+            if new is None:
+                print("cosched: the daemon went away", file=sys.stderr)
+                return 1
+            print("\033[2J\033[H" + render(new, status) if sys.stdout.isatty() else render(new, status) + "\n", flush=True)
+            status = new
+    except KeyboardInterrupt:
+        return 0
+
+
+def _presets(config: Config):
+    from cosched.policy.presets import Presets
+
+    return Presets.load(list(config.presets_dirs))
+
+
+def cmd_validate(args) -> int:
+    from cosched.annotation import AnnotationError, domain_policy
+    from cosched.policy.params import ParamError
+
+    config = _load_config(args.config)
+    try:
+        with open(args.file, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        print(f"{args.file}: cannot read: {e}", file=sys.stderr)
+        return 1
+    try:
+        spec = domain_policy(text, _presets(config), config.default_policy)
+    except (AnnotationError, ParamError) as e:
+        print(f"{args.file}: invalid: {e}", file=sys.stderr)
+        return 1
+    params = " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in spec.params)
+    origin = "annotation" if spec.source == "annotation" else f"no annotation, default_policy {config.default_policy!r}"
+    print(f"{args.file}: valid: preset {spec.preset} (policy {spec.kind}{', ' + params if params else ''}) from {origin}")
+    return 0
+
+
+def cmd_check_config(args) -> int:
+    try:
+        config = load(args.path)
+    except ConfigError as e:
+        print(f"cosched: invalid: {e}", file=sys.stderr)
+        return 1
+    presets = _presets(config)
+    problems = list(presets.errors)
+    if config.default_policy not in presets.by_name:
+        problems.append(f"{args.path}: default_policy: unknown preset {config.default_policy!r} "
+                        f"(known: {', '.join(sorted(presets.by_name))})")
+    for p in problems:
+        print(f"cosched: invalid: {p}", file=sys.stderr)
+    if problems:
+        return 1
+    print(f"{args.path}: valid; presets: {', '.join(sorted(presets.by_name))}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="cosched", description="Co-schedule the vCPUs of libvirt guests.")
+    p.add_argument("--version", action="version", version=f"cosched {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("daemon", help="run the daemon in the foreground")
+    d.add_argument("--config", help=f"configuration file (default {DEFAULT_PATH} if present)")
+    d.add_argument("--connect", help="libvirt URI (default qemu:///system)")
+    d.add_argument("--metrics-address", help="HOST:PORT for /metrics (default 127.0.0.1:9641)")
+    d.add_argument("--dry-run", action="store_true", help="decide and report, write nothing to the host")
+    d.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    d.set_defaults(func=cmd_daemon)
+
+    s = sub.add_parser("status", help="ask the running daemon what it sees")
+    s.add_argument("--json", action="store_true", help="the full status document")
+    s.add_argument("--watch", type=float, metavar="SECONDS", help="redraw with rates every SECONDS")
+    s.add_argument("--config", help=argparse.SUPPRESS)
+    s.set_defaults(func=cmd_status)
+
+    v = sub.add_parser("validate", help="check the cosched annotation of a domain XML file")
+    v.add_argument("file")
+    v.add_argument("--config", help="configuration file (for site presets and default_policy)")
+    v.set_defaults(func=cmd_validate)
+
+    c = sub.add_parser("check-config", help="validate a configuration file")
+    c.add_argument("path")
+    c.set_defaults(func=cmd_check_config)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return args.func(args)

@@ -1,0 +1,114 @@
+"""Daemon configuration: ``/etc/cosched/cosched.toml``, validated once at load.
+
+Every key is optional; an unknown key or a value of the wrong type is an
+error naming the key. Command-line options override the file.
+
+``connect`` (string, default ``qemu:///system``)
+    libvirt URI.
+``metrics_address`` (string ``HOST:PORT``, default ``127.0.0.1:9641``)
+    where Prometheus scrapes ``/metrics``.
+``default_policy`` (string, default ``none``)
+    the preset of guests without an annotation.
+``sample_interval_ms`` (integer 1-1000, default 10)
+    how often every vCPU's schedstat is read; also the skew window.
+``resync_interval_s`` (number 0.2-300, default 5)
+    full rediscovery even without libvirt events.
+``presets_dirs`` (list of strings, default ``["/etc/cosched/policies.d"]``)
+    site preset directories, read after the built-in ones.
+``state_dir`` (string, default ``/run/cosched``)
+    the control socket and the state journal.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+DEFAULT_PATH = "/etc/cosched/cosched.toml"
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Config:
+    connect: str = "qemu:///system"
+    metrics_address: str = "127.0.0.1:9641"
+    default_policy: str = "none"
+    sample_interval_ms: int = 10
+    resync_interval_s: float = 5.0
+    presets_dirs: tuple[str, ...] = ("/etc/cosched/policies.d",)
+    state_dir: str = "/run/cosched"
+
+    @property
+    def socket_path(self) -> str:
+        return f"{self.state_dir}/cosched.sock"
+
+    def metrics_host_port(self) -> tuple[str, int]:
+        return parse_address(self.metrics_address, "metrics_address")
+
+
+def parse_address(text: str, key: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{key}: expected HOST:PORT, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+_RANGES = {"sample_interval_ms": (1, 1000), "resync_interval_s": (0.2, 300)}
+
+
+def _check(key: str, value: object, default: object) -> object:
+    if isinstance(default, tuple):
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{key}: expected a list of strings, got {value!r}")
+        return tuple(value)
+    if isinstance(default, float):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, type(default)) and not (isinstance(value, bool) and not isinstance(default, bool))
+    if not ok:
+        raise ConfigError(f"{key}: expected {type(default).__name__}, got {value!r}")
+    if key in _RANGES:
+        lo, hi = _RANGES[key]
+        if not lo <= value <= hi:
+            raise ConfigError(f"{key}: {value} is outside {lo}..{hi}")
+    return float(value) if isinstance(default, float) else value
+
+
+def from_dict(data: dict) -> Config:
+    defaults = Config()
+    known = {f.name for f in fields(Config)}
+    values = {}
+    for key, value in data.items():
+        if key not in known:
+            raise ConfigError(f"unknown key {key!r} (known: {', '.join(sorted(known))})")
+        values[key] = _check(key, value, getattr(defaults, key))
+    config = replace(defaults, **values)
+    config.metrics_host_port()
+    return config
+
+
+def load(path: str | None) -> Config:
+    """Load ``path``; no path and no default file means all defaults."""
+    import os
+
+    if path is None:
+        if not os.path.exists(DEFAULT_PATH):
+            return Config()
+        path = DEFAULT_PATH
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as e:
+        raise ConfigError(f"{path}: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    try:
+        return from_dict(data)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None

@@ -1,0 +1,199 @@
+"""The wiring: builds the real adapters and runs the daemon's threads.
+
+Threads: ``libvirt-events`` (libvirt's event loop), ``discovery`` (resync on
+events, on a vanished vCPU, and every ``resync_interval_s``), ``sampler``
+(schedstat every ``sample_interval_ms``), the metrics HTTP server and the
+control socket. The main thread waits for SIGTERM/SIGINT, then stops them all
+and exits 0.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+
+from cosched import __version__
+from cosched.config import Config
+from cosched.control import ControlServer
+from cosched.discovery import build_snapshot
+from cosched.discovery.libvirt import LibvirtSource
+from cosched.hostfs import HostFS
+from cosched.metrics import CoschedCollector, serve
+from cosched.model import Domain, Snapshot
+from cosched.policy.presets import Presets
+from cosched.sampler import Sampler
+
+log = logging.getLogger("cosched.daemon")
+
+
+def _policy_text(d: Domain) -> str:
+    if d.policy is None:
+        return "-"
+    params = " ".join(f"{k}={v}" for k, v in d.policy.params)
+    return f"{d.policy.preset}({d.policy.kind}{' ' + params if params else ''})"
+
+
+def log_changes(old: Snapshot | None, new: Snapshot) -> None:
+    """One structured line per state change between two snapshots."""
+    before = {d.uuid: d for d in old.domains} if old else {}
+    after = {d.uuid: d for d in new.domains}
+    for uuid, d in before.items():
+        if uuid not in after:
+            log.info("domain=%s action=gone", d.name)
+    for uuid, d in after.items():
+        prev = before.get(uuid)
+        if prev is None:
+            log.info("domain=%s uuid=%s pid=%s vcpus=%d policy=%s action=found", d.name, uuid, d.pid, len(d.vcpus), _policy_text(d))
+        elif prev.policy != d.policy:
+            log.info("domain=%s policy=%s action=policy-changed", d.name, _policy_text(d))
+        if d.error and (prev is None or prev.error != d.error):
+            log.warning("domain=%s action=policy-error error=%r (observed, not managed)", d.name, d.error)
+        elif prev is not None and prev.error and not d.error:
+            log.info("domain=%s action=policy-error-cleared", d.name)
+        old_tids = {v.index: v.tid for v in prev.vcpus} if prev else {}
+        for v in d.vcpus:
+            if old_tids.get(v.index) != v.tid:
+                log.info("domain=%s vcpu=%d tid=%d action=vcpu-found", d.name, v.index, v.tid)
+        for index in set(old_tids) - {v.index for v in d.vcpus}:
+            log.info("domain=%s vcpu=%d action=vcpu-gone", d.name, index)
+        for w in d.warnings:
+            if prev is None or w not in prev.warnings:
+                log.warning("domain=%s action=vcpu-mapping warning=%r", d.name, w)
+    if old is not None and old.libvirt_connected != new.libvirt_connected:
+        log.info("libvirt_connected=%s action=libvirt-state", new.libvirt_connected)
+
+
+class Daemon:
+    def __init__(self, config: Config, fs: HostFS | None = None, dry_run: bool = False):
+        self.config = config
+        self.fs = fs or HostFS("/")
+        self.dry_run = dry_run
+        self.presets = Presets.load(list(config.presets_dirs))
+        for e in self.presets.errors:
+            log.warning("action=preset-invalid error=%r", e)
+        self.stop = threading.Event()
+        self.wake = threading.Event()
+        self.snapshot: Snapshot | None = None
+        self._facts: list = []
+        self.source = LibvirtSource(config.connect, self.wake.set)
+        self.sampler = Sampler(self.fs, config.sample_interval_ms / 1000.0, lambda: self.snapshot, self.wake.set)
+        self.control = ControlServer(config.socket_path, self.status)
+        self.started = time.time()
+        self._http = None
+
+    # -- discovery ------------------------------------------------------
+    def resync(self) -> Snapshot:
+        facts = self.source.domains()
+        connected = facts is not None
+        if connected:
+            self._facts = facts
+        # Disconnected: guests keep running without libvirtd, so keep
+        # observing the last known ones (their threads are re-read from /proc).
+        snap = build_snapshot(self.fs, self._facts, self.presets, self.config.default_policy, connected)
+        log_changes(self.snapshot, snap)
+        self.snapshot = snap
+        return snap
+
+    def _discovery_loop(self) -> None:
+        while not self.stop.is_set():
+            timeout = self.config.resync_interval_s if self.source.connected else 0.5
+            self.wake.wait(timeout)
+            if self.stop.is_set():
+                return
+            self.wake.clear()
+            try:
+                self.resync()
+            except Exception:
+                log.exception("action=resync-failed")
+
+    # -- status ---------------------------------------------------------
+    def status(self) -> dict:
+        snap = self.snapshot
+        views = self.sampler.view()
+        host = snap.host if snap else None
+        domains = []
+        for d in snap.domains if snap else ():
+            v = views.get(d.uuid)
+            per_vcpu = {vc.index: vc for vc in v.vcpus} if v else {}
+            domains.append({
+                "name": d.name,
+                "uuid": d.uuid,
+                "pid": d.pid,
+                "policy": d.policy.preset if d.policy else None,
+                "policy_kind": d.policy.kind if d.policy else None,
+                "policy_source": d.policy.source if d.policy else None,
+                "params": dict(d.policy.params) if d.policy else {},
+                "error": d.error,
+                "warnings": list(d.warnings),
+                "vcpus": [{
+                    "index": vc.index,
+                    "tid": vc.tid,
+                    "cpus": list(vc.cpus),
+                    "frozen": vc.frozen,
+                    "sched": vc.sched,
+                    "priority": vc.priority,
+                    "run_seconds": per_vcpu[vc.index].run if vc.index in per_vcpu else None,
+                    "wait_seconds": per_vcpu[vc.index].wait if vc.index in per_vcpu else None,
+                } for vc in d.vcpus],
+                "observed_seconds": v.observed if v else 0.0,
+                "hazard_seconds": v.hazard if v else 0.0,
+                "partial_contention_seconds": v.partial if v else 0.0,
+                "skew_last_seconds": v.last_skew if v else 0.0,
+                "skew_mean_seconds": (v.skew_sum / v.skew_count) if v and v.skew_count else 0.0,
+            })
+        return {
+            "host": {
+                "cpus": list(host.cpus) if host else [],
+                "cgroup": host.cgroup if host else None,
+                "cgroup2_mount": host.cgroup2_mount if host else None,
+                "cores": [list(c) for c in host.cores] if host else [],
+                "nodes": list(host.nodes) if host else [],
+            },
+            "daemon": {
+                "version": __version__,
+                "pid": os.getpid(),
+                "uptime_seconds": time.time() - self.started,
+                "dry_run": self.dry_run,
+                "libvirt": {"uri": self.config.connect, "connected": self.source.connected, "error": self.source.last_error},
+                "sample_interval_ms": self.config.sample_interval_ms,
+                "samples": self.sampler.samples,
+                "late_samples": self.sampler.late,
+                "preset_errors": list(self.presets.errors),
+            },
+            "domains": domains,
+        }
+
+    # -- lifecycle ------------------------------------------------------
+    def run(self) -> int:
+        host, port = self.config.metrics_host_port()
+        self.control.start()
+        try:
+            self._http, _ = serve(CoschedCollector(lambda: self.snapshot, self.sampler.view), host, port)
+        except OSError as e:
+            self.control.stop()
+            log.error("action=metrics-listen-failed address=%s error=%r", self.config.metrics_address, e.strerror)
+            return 1
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stop.set())
+        self.resync()
+        threads = [
+            threading.Thread(target=self._discovery_loop, name="discovery", daemon=True),
+            threading.Thread(target=self.sampler.run, args=(self.stop,), name="sampler", daemon=True),
+        ]
+        for t in threads:
+            t.start()
+        log.info("version=%s connect=%s metrics=%s dry_run=%s action=started", __version__, self.config.connect,
+                 self.config.metrics_address, self.dry_run)
+        while not self.stop.wait(1.0):
+            pass
+        log.info("action=stopping")
+        self.wake.set()
+        for t in threads:
+            t.join(timeout=5)
+        self.control.stop()
+        self._http.shutdown()
+        self.source.close()
+        log.info("action=stopped")
+        return 0

@@ -1,0 +1,53 @@
+"""Host CPU topology from /sys and the cgroup layout from /proc/self/mountinfo."""
+from __future__ import annotations
+
+import re
+
+from cosched.hostfs import HostFS, parse_cpu_list
+from cosched.model import Host
+
+_NODE = re.compile(r"node(\d+)$")
+
+
+def cgroup_layout(fs: HostFS) -> tuple[str, str | None]:
+    """(``unified`` | ``hybrid`` | ``legacy``, v2 mount point or None).
+
+    ``unified``: only cgroup2 is mounted (pure v2 hosts). ``hybrid``: v1
+    controllers plus a v2 tree (often /sys/fs/cgroup/unified). ``legacy``:
+    no v2 tree at all.
+    """
+    v2 = None
+    v1 = False
+    for line in (fs.read_or("/proc/self/mountinfo") or "").splitlines():
+        left, sep, right = line.partition(" - ")
+        if not sep:
+            continue
+        fstype = right.split()[0]
+        mount_point = left.split()[4].replace("\\040", " ")
+        if fstype == "cgroup2" and v2 is None:
+            v2 = mount_point
+        elif fstype == "cgroup":
+            v1 = True
+    if v2 is None:
+        return "legacy", None
+    return ("hybrid" if v1 else "unified"), v2
+
+
+def read_host(fs: HostFS) -> Host:
+    online = parse_cpu_list(fs.read_or("/sys/devices/system/cpu/online") or "0")
+    core_of: dict[int, tuple[int, int]] = {}
+    for cpu in online:
+        topo = f"/sys/devices/system/cpu/cpu{cpu}/topology"
+        package = int((fs.read_or(f"{topo}/physical_package_id") or "0").strip() or 0)
+        core = int((fs.read_or(f"{topo}/core_id") or str(cpu)).strip() or cpu)
+        core_of[cpu] = (package, core)
+    node_of: dict[int, int] = {}
+    for entry in fs.listdir("/sys/devices/system/node"):
+        m = _NODE.match(entry)
+        if m:
+            for cpu in parse_cpu_list(fs.read_or(f"/sys/devices/system/node/{entry}/cpulist") or ""):
+                node_of[cpu] = int(m.group(1))
+    for cpu in online:
+        node_of.setdefault(cpu, 0)
+    mode, mount = cgroup_layout(fs)
+    return Host(cpus=online, core_of=core_of, node_of=node_of, cgroup=mode, cgroup2_mount=mount)

@@ -1,0 +1,118 @@
+"""Which thread of a QEMU process runs which vCPU.
+
+Two independent witnesses, cross-checked:
+
+* the thread name QEMU gives each vCPU thread: ``CPU <n>/KVM`` (or ``/TCG``,
+  ``/HVF``, ``/WHPX``) in ``/proc/PID/task/TID/comm``;
+* the cgroup libvirt moves each vCPU thread into: ``.../vcpu<n>`` in
+  ``/proc/PID/task/TID/cgroup`` (the v2 line, or a v1 controller line).
+
+When both exist and disagree, libvirt's cgroup placement wins and a warning
+names the thread. Threads come and go (hot-plug, shutdown); a thread that
+vanishes between two reads is simply left out.
+"""
+from __future__ import annotations
+
+import re
+
+from cosched.hostfs import HostFS, parse_cpu_list
+from cosched.model import Vcpu
+
+_COMM = re.compile(r"^CPU (\d+)/(KVM|TCG|HVF|WHPX|NVMM)$")
+_VCPU_CG = re.compile(r"/vcpu(\d+)$")
+# /proc/PID/stat policy numbers (include/uapi/linux/sched.h)
+SCHED_NAMES = {0: "other", 1: "fifo", 2: "rr", 3: "batch", 5: "idle", 6: "deadline"}
+
+
+def find_qemu_pid(fs: HostFS, name: str, uuid: str) -> int | None:
+    """The QEMU process of a domain: libvirt's pid file, checked by the UUID on
+    its command line; else a scan of /proc for ``-uuid <uuid>``."""
+    for pidfile in (f"/run/libvirt/qemu/{name}.pid",):
+        text = (fs.read_or(pidfile) or "").strip()
+        if text.isdigit() and _has_uuid(fs, int(text), uuid):
+            return int(text)
+    for entry in fs.listdir("/proc"):
+        if entry.isdigit() and _has_uuid(fs, int(entry), uuid):
+            return int(entry)
+    return None
+
+
+def _has_uuid(fs: HostFS, pid: int, uuid: str) -> bool:
+    try:
+        args = fs.read_bytes(f"/proc/{pid}/cmdline").split(b"\0")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return False
+    target = uuid.encode()
+    return any(a == b"-uuid" and i + 1 < len(args) and args[i + 1] == target for i, a in enumerate(args))
+
+
+def _cgroup_index(text: str) -> tuple[int | None, str | None]:
+    """(vCPU index from libvirt's vcpuN cgroup, v2 path) of one thread."""
+    index = None
+    v2 = None
+    for line in text.splitlines():
+        hier, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hier == "0" and controllers == "":
+            v2 = path
+        m = _VCPU_CG.search(path)
+        if m and (index is None or hier == "0"):
+            index = int(m.group(1))
+    return index, v2
+
+
+def _sched(fs: HostFS, pid: int, tid: int) -> tuple[str, int]:
+    stat = fs.read_or(f"/proc/{pid}/task/{tid}/stat") or ""
+    fields = stat.rpartition(")")[2].split()
+    # after "pid (comm)": state is field 3, rt_priority 40, policy 41
+    if len(fields) < 39:
+        return "other", 0
+    policy, prio = int(fields[38]), int(fields[37])
+    return SCHED_NAMES.get(policy, str(policy)), prio
+
+
+def _affinity(fs: HostFS, pid: int, tid: int) -> tuple[int, ...]:
+    for line in (fs.read_or(f"/proc/{pid}/task/{tid}/status") or "").splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            return parse_cpu_list(line.split(":", 1)[1])
+    return ()
+
+
+def _frozen(fs: HostFS, cgroup2_mount: str | None, path: str | None) -> bool:
+    if not cgroup2_mount or not path:
+        return False
+    events = fs.read_or(f"{cgroup2_mount}{path}/cgroup.events") or ""
+    return "frozen 1" in events.splitlines()
+
+
+def vcpu_threads(fs: HostFS, pid: int, cgroup2_mount: str | None) -> tuple[tuple[Vcpu, ...], tuple[str, ...]]:
+    """The vCPU threads of QEMU process ``pid`` sorted by index, and warnings."""
+    found: dict[int, Vcpu] = {}
+    warnings: list[str] = []
+    for entry in fs.listdir(f"/proc/{pid}/task"):
+        if not entry.isdigit():
+            continue
+        tid = int(entry)
+        comm = (fs.read_or(f"/proc/{pid}/task/{tid}/comm") or "").strip()
+        m = _COMM.match(comm)
+        name_index = int(m.group(1)) if m else None
+        cg_index, v2 = _cgroup_index(fs.read_or(f"/proc/{pid}/task/{tid}/cgroup") or "")
+        if name_index is not None and cg_index is not None and name_index != cg_index:
+            warnings.append(f"tid={tid} is named {comm!r} but sits in cgroup vcpu{cg_index}; using vcpu{cg_index}")
+        index = cg_index if cg_index is not None else name_index
+        if index is None:
+            continue
+        if index in found:
+            warnings.append(f"vcpu{index}: two threads ({found[index].tid}, {tid}); keeping {found[index].tid}")
+            continue
+        sched, prio = _sched(fs, pid, tid)
+        found[index] = Vcpu(
+            index=index,
+            tid=tid,
+            cgroup2=v2,
+            cpus=_affinity(fs, pid, tid),
+            sched=sched,
+            priority=prio,
+            frozen=_frozen(fs, cgroup2_mount, v2),
+        )
+    return tuple(found[i] for i in sorted(found)), tuple(warnings)

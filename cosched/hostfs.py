@@ -1,0 +1,63 @@
+"""Every file the daemon reads or writes on the host goes through a HostFS.
+
+``HostFS("/")`` is the real host; tests build a fake /proc, /sys and cgroup
+tree in a temporary directory and pass that directory as the root, the way
+prometheus_client's ``ProcessCollector(proc=...)`` is tested on a fake /proc.
+Paths given to the methods are absolute host paths (``/proc/1/stat``).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+class HostFS:
+    def __init__(self, root: str | os.PathLike = "/"):
+        self.root = Path(root)
+
+    def path(self, host_path: str) -> Path:
+        """The real location of ``host_path`` under this root."""
+        return self.root / host_path.lstrip("/")
+
+    def read(self, host_path: str) -> str:
+        with open(self.path(host_path), encoding="utf-8", errors="replace") as f:
+            return f.read()
+
+    def read_or(self, host_path: str, default: str | None = None) -> str | None:
+        """``read``, but ``default`` when the file is gone (a thread exited)."""
+        try:
+            return self.read(host_path)
+        except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
+            return default
+
+    def read_bytes(self, host_path: str) -> bytes:
+        with open(self.path(host_path), "rb") as f:
+            return f.read()
+
+    def write(self, host_path: str, data: str) -> None:
+        with open(self.path(host_path), "w", encoding="utf-8") as f:
+            f.write(data)
+
+    def listdir(self, host_path: str) -> list[str]:
+        try:
+            return os.listdir(self.path(host_path))
+        except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
+            return []
+
+    def exists(self, host_path: str) -> bool:
+        return self.path(host_path).exists()
+
+    def open_fd(self, host_path: str) -> int:
+        """A read-only descriptor, for files sampled many times a second."""
+        return os.open(self.path(host_path), os.O_RDONLY | os.O_CLOEXEC)
+
+
+def parse_cpu_list(text: str) -> tuple[int, ...]:
+    """Parse the kernel's CPU list format (``0-3,8,10-11``)."""
+    cpus: list[int] = []
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        cpus.extend(range(int(lo), int(hi or lo) + 1))
+    return tuple(sorted(set(cpus)))

@@ -1,0 +1,84 @@
+"""Prometheus metrics: a custom collector on a private registry.
+
+Each scrape reads the current snapshot and the sampler's accumulated figures;
+nothing is stored twice. Names and labels are a contract (README, dashboards
+and alerts depend on them): seconds, never nanoseconds, and no TID or PID
+labels. A domain's series disappear with the domain.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
+
+from cosched import __version__
+from cosched.model import Snapshot
+from cosched.sampler import DomainView
+
+
+class CoschedCollector:
+    def __init__(self, snapshot: Callable[[], Snapshot | None], sampler_view: Callable[[], dict[str, DomainView]]):
+        self.snapshot = snapshot
+        self.sampler_view = sampler_view
+
+    def describe(self):
+        return []  # dynamic series: do not let the registry call collect() at registration
+
+    def collect(self):
+        snap = self.snapshot()
+        views = self.sampler_view()
+        build = GaugeMetricFamily("cosched_build_info", "cosched version", labels=["version"])
+        build.add_metric([__version__], 1)
+        yield build
+
+        info = GaugeMetricFamily("cosched_domain_info", "One series per observed domain", labels=["domain", "uuid", "policy"])
+        error = GaugeMetricFamily("cosched_domain_policy_error", "1 while the domain's annotation is invalid", labels=["domain"])
+        run = CounterMetricFamily("cosched_vcpu_run_seconds", "Time the vCPU thread ran on a host CPU", labels=["domain", "vcpu"])
+        wait = CounterMetricFamily("cosched_vcpu_wait_seconds", "Time the vCPU thread was runnable but waiting for a host CPU", labels=["domain", "vcpu"])
+        hazard = CounterMetricFamily(
+            "cosched_domain_concurrency_hazard_seconds",
+            "Time at least one vCPU ran while at least one sibling was runnable but waiting (estimated)",
+            labels=["domain"],
+        )
+        partial = CounterMetricFamily(
+            "cosched_domain_partial_contention_seconds",
+            "Time at least one vCPU waited while no sibling ran (estimated)",
+            labels=["domain"],
+        )
+        observed = CounterMetricFamily(
+            "cosched_domain_observed_seconds",
+            "Time covered by sampling windows (denominator for hazard and contention fractions)",
+            labels=["domain"],
+        )
+        skew = HistogramMetricFamily(
+            "cosched_domain_skew_seconds",
+            "Per sampling window: largest difference between two sibling vCPUs' lag (wait + costop)",
+            labels=["domain"],
+        )
+        for d in snap.domains if snap else ():
+            info.add_metric([d.name, d.uuid, d.policy.preset if d.policy else ""], 1)
+            error.add_metric([d.name], 1 if d.error else 0)
+            v = views.get(d.uuid)
+            if v is None:
+                continue
+            for vc in v.vcpus:
+                run.add_metric([d.name, str(vc.index)], vc.run)
+                wait.add_metric([d.name, str(vc.index)], vc.wait)
+            hazard.add_metric([d.name], v.hazard)
+            partial.add_metric([d.name], v.partial)
+            observed.add_metric([d.name], v.observed)
+            skew.add_metric([d.name], [(le, c) for le, c in v.skew_buckets], v.skew_sum)
+        yield from (info, error, run, wait, hazard, partial, observed, skew)
+
+
+def serve(collector: CoschedCollector, host: str, port: int):
+    """Start the ``/metrics`` HTTP server on a private registry; return it."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    return server, registry

@@ -1,0 +1,84 @@
+"""The model: plain frozen dataclasses describing what discovery saw.
+
+No I/O here. A :class:`Snapshot` is built by discovery, read by policy,
+the sampler, metrics and the status socket, and replaced whole on every
+resync (never mutated), so readers in other threads need no lock.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+
+@dataclass(frozen=True)
+class Host:
+    """Host CPU topology and cgroup layout."""
+
+    cpus: tuple[int, ...]                      # online CPUs
+    core_of: Mapping[int, tuple[int, int]]     # cpu -> (package, core)
+    node_of: Mapping[int, int]                 # cpu -> NUMA node
+    cgroup: str                                # "unified", "hybrid" or "legacy"
+    cgroup2_mount: str | None                  # where the v2 tree is mounted
+
+    def siblings(self, cpu: int) -> tuple[int, ...]:
+        """SMT siblings of ``cpu`` (itself included)."""
+        core = self.core_of.get(cpu)
+        return tuple(c for c in self.cpus if self.core_of.get(c) == core)
+
+    @property
+    def cores(self) -> tuple[tuple[int, ...], ...]:
+        """Online CPUs grouped by physical core."""
+        seen: dict[tuple[int, int], list[int]] = {}
+        for cpu in self.cpus:
+            seen.setdefault(self.core_of.get(cpu, (0, cpu)), []).append(cpu)
+        return tuple(tuple(v) for v in seen.values())
+
+    @property
+    def nodes(self) -> tuple[int, ...]:
+        return tuple(sorted(set(self.node_of.values()))) or (0,)
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """What a guest asked for: a preset, its policy kind and final parameters."""
+
+    preset: str
+    kind: str
+    params: tuple[tuple[str, object], ...] = ()
+    source: str = "default"                    # "annotation" or "default"
+
+    def param(self, name: str):
+        return dict(self.params)[name]
+
+
+@dataclass(frozen=True)
+class Vcpu:
+    index: int
+    tid: int
+    cgroup2: str | None = None                 # v2 cgroup path of the thread
+    cpus: tuple[int, ...] = ()                 # affinity
+    sched: str = "other"                       # "other", "fifo", "rr", ...
+    priority: int = 0                          # rt priority
+    frozen: bool = False                       # v2 cgroup.events says frozen
+
+
+@dataclass(frozen=True)
+class Domain:
+    name: str
+    uuid: str
+    pid: int | None
+    vcpus: tuple[Vcpu, ...]
+    policy: PolicySpec | None                  # None when the annotation is invalid
+    error: str | None = None                   # why the domain is not managed
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    host: Host
+    domains: tuple[Domain, ...] = ()
+    taken_at: float = 0.0                      # time.monotonic()
+    libvirt_connected: bool = True
+
+    def domain(self, name: str) -> Domain | None:
+        return next((d for d in self.domains if d.name == name), None)

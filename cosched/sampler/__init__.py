@@ -1,0 +1,204 @@
+"""The sampler: reads every vCPU's schedstat at a fixed rate and accumulates
+per-vCPU run/wait and per-domain hazard, partial contention and skew.
+
+It follows the current :class:`~cosched.model.Snapshot` (a callable returns
+it), keeps one open descriptor per vCPU thread (a ``pread`` costs about 1 µs,
+an ``open`` about 10 µs), and samples on an absolute-time schedule so a late
+wake-up shortens the next sleep instead of drifting. How each figure is
+estimated, and its error bound, is in :mod:`cosched.sampler.estimate`.
+A thread that vanished (ESRCH/ENOENT) is dropped and ``on_vanished`` asks
+discovery for a resync.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from cosched.hostfs import HostFS
+from cosched.model import Snapshot
+from cosched.sampler.estimate import Histogram, VcpuCarry, estimate, place
+
+log = logging.getLogger("cosched.sampler")
+
+SKEW_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
+
+
+@dataclass
+class VcpuStats:
+    tid: int
+    fd: int | None
+    run_ns: int = 0             # last cumulative schedstat values
+    wait_ns: int = 0
+    carry: VcpuCarry = field(default_factory=VcpuCarry)
+
+
+@dataclass
+class DomainStats:
+    name: str
+    vcpus: dict[int, VcpuStats] = field(default_factory=dict)
+    hazard: float = 0.0
+    partial: float = 0.0
+    observed: float = 0.0       # seconds of windows measured
+    skew: Histogram = field(default_factory=lambda: Histogram(SKEW_BUCKETS))
+    last_skew: float = 0.0
+
+
+@dataclass(frozen=True)
+class VcpuView:
+    index: int
+    tid: int
+    run: float
+    wait: float
+
+
+@dataclass(frozen=True)
+class DomainView:
+    uuid: str
+    name: str
+    vcpus: tuple[VcpuView, ...]
+    hazard: float
+    partial: float
+    observed: float
+    skew_buckets: tuple[tuple[str, int], ...]
+    skew_sum: float
+    skew_count: int
+    last_skew: float
+
+
+def read_schedstat(fd: int) -> tuple[int, int]:
+    """(run ns, wait ns) from an open ``schedstat`` descriptor."""
+    fields = os.pread(fd, 128, 0).split()
+    return int(fields[0]), int(fields[1])
+
+
+class Sampler:
+    def __init__(self, fs: HostFS, interval: float, snapshot: Callable[[], Snapshot | None],
+                 on_vanished: Callable[[], None] = lambda: None):
+        self.fs = fs
+        self.interval = interval
+        self.snapshot = snapshot
+        self.on_vanished = on_vanished
+        self.domains: dict[str, DomainStats] = {}
+        self.lock = threading.Lock()
+        self.samples = 0
+        self.late = 0               # wake-ups later than one interval
+        self._last_ns: int | None = None
+        self._last_snapshot: Snapshot | None = None
+
+    # -- tracking -------------------------------------------------------
+    def _open(self, pid: int, tid: int) -> tuple[int | None, int, int]:
+        try:
+            fd = self.fs.open_fd(f"/proc/{pid}/task/{tid}/schedstat")
+            run, wait = read_schedstat(fd)
+            return fd, run, wait
+        except (FileNotFoundError, ProcessLookupError, OSError):
+            return None, 0, 0
+
+    def _follow(self, snap: Snapshot) -> None:
+        """Open descriptors for new vCPU threads, close those gone."""
+        alive = {d.uuid: d for d in snap.domains}
+        for uuid in list(self.domains):
+            if uuid not in alive:
+                self._close_domain(self.domains.pop(uuid))
+        for d in snap.domains:
+            stats = self.domains.setdefault(d.uuid, DomainStats(d.name))
+            stats.name = d.name
+            wanted = {v.index: v.tid for v in d.vcpus}
+            for index in list(stats.vcpus):
+                if wanted.get(index) != stats.vcpus[index].tid:
+                    self._close_vcpu(stats.vcpus.pop(index))
+            for index, tid in wanted.items():
+                if index not in stats.vcpus and d.pid:
+                    fd, run, wait = self._open(d.pid, tid)
+                    if fd is not None:
+                        stats.vcpus[index] = VcpuStats(tid, fd, run, wait)
+
+    @staticmethod
+    def _close_vcpu(v: VcpuStats) -> None:
+        if v.fd is not None:
+            os.close(v.fd)
+            v.fd = None
+
+    def _close_domain(self, d: DomainStats) -> None:
+        for v in d.vcpus.values():
+            self._close_vcpu(v)
+
+    # -- sampling -------------------------------------------------------
+    def step(self, now_ns: int | None = None) -> None:
+        """Take one sample of every vCPU and account the window since the last."""
+        now_ns = time.monotonic_ns() if now_ns is None else now_ns
+        snap = self.snapshot()
+        with self.lock:
+            if snap is not None and snap is not self._last_snapshot:
+                self._follow(snap)
+                self._last_snapshot = snap
+            dt = (now_ns - self._last_ns) / 1e9 if self._last_ns is not None else 0.0
+            self._last_ns = now_ns
+            vanished = False
+            for stats in self.domains.values():
+                placed = []
+                for index in sorted(stats.vcpus):
+                    v = stats.vcpus[index]
+                    try:
+                        run, wait = read_schedstat(v.fd)
+                    except (OSError, ValueError, IndexError):
+                        self._close_vcpu(stats.vcpus.pop(index))
+                        vanished = True
+                        continue
+                    d_run, d_wait = (run - v.run_ns) / 1e9, (wait - v.wait_ns) / 1e9
+                    v.run_ns, v.wait_ns = run, wait
+                    if dt > 0:
+                        placed.append(place(v.carry, d_run, d_wait, dt))
+                if dt > 0 and placed:
+                    w = estimate(dt, placed)
+                    stats.hazard += w.hazard
+                    stats.partial += w.partial
+                    stats.observed += dt
+                    stats.skew.observe(w.skew)
+                    stats.last_skew = w.skew
+            self.samples += 1
+        if vanished:
+            log.info("action=vcpu-vanished resync=requested")
+            self.on_vanished()
+
+    def run(self, stop: threading.Event) -> None:
+        """Sample every ``interval`` on an absolute schedule until ``stop``."""
+        period = int(self.interval * 1e9)
+        deadline = time.monotonic_ns()
+        while not stop.is_set():
+            try:
+                self.step()
+            except Exception:  # never let one bad sample end sampling
+                log.exception("action=sample-failed")
+            deadline += period
+            now = time.monotonic_ns()
+            if now > deadline:
+                self.late += 1
+                deadline = now + period if now - deadline > 10 * period else deadline
+            stop.wait(max(deadline - time.monotonic_ns(), 0) / 1e9)
+        with self.lock:
+            for d in self.domains.values():
+                self._close_domain(d)
+
+    def view(self) -> dict[str, DomainView]:
+        """A consistent copy of the accumulated figures, by domain UUID."""
+        with self.lock:
+            return {
+                uuid: DomainView(
+                    uuid=uuid,
+                    name=d.name,
+                    vcpus=tuple(VcpuView(i, v.tid, v.run_ns / 1e9, v.wait_ns / 1e9) for i, v in sorted(d.vcpus.items())),
+                    hazard=d.hazard,
+                    partial=d.partial,
+                    observed=d.observed,
+                    skew_buckets=tuple(d.skew.buckets()),
+                    skew_sum=d.skew.total,
+                    skew_count=sum(d.skew.counts),
+                    last_skew=d.last_skew,
+                )
+                for uuid, d in self.domains.items()
+            }

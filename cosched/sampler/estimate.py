@@ -1,0 +1,138 @@
+"""From schedstat samples to run, wait, skew, hazard and partial contention.
+
+Pure arithmetic, no I/O. The sampler reads, every ``interval`` (default 10 ms),
+each vCPU thread's ``/proc/PID/task/TID/schedstat``: cumulative nanoseconds
+*run* on a CPU and *waited* runnable on a run queue (the kernel's
+``sum_exec_runtime`` and ``run_delay``). A window is the time between two
+samples, of length ``dt``.
+
+Per vCPU and window
+    ``r = Δrun``, ``w = Δwait``, both exact totals. The kernel credits them
+    late, though: run time at the next tick (4 ms at HZ=250) or context
+    switch, wait time only when the wait ends. So a window can be credited
+    more than ``dt``; the excess is carried into the next windows (run first,
+    then wait, each window holding at most ``dt``). Totals over any run are
+    exact; only their placement in time is approximate, by at most one wait
+    or one tick.
+    ``idle = dt - r - w``: blocked or halted.
+
+Skew (``cosched_domain_skew_seconds``)
+    ``max_i lag_i - min_i lag_i`` with ``lag_i = w_i + costop_i``: how far the
+    most-delayed vCPU fell behind the least-delayed one in the window. Exact up
+    to the placement error above.
+
+Concurrency hazard (``..._concurrency_hazard_seconds_total``)
+    Time in the window when at least one vCPU ran while at least one sibling
+    waited. Samples give each vCPU's totals, not when in the window they
+    happened, so the estimate treats vCPUs as independent within one window,
+    with ``p_run = r/dt`` and ``p_wait = w/dt``::
+
+        hazard = dt * (1 - Π(1 - p_run) - Π(1 - p_wait) + Π(p_idle))
+
+    The true value lies between the Fréchet bounds ``max(0, R + W - dt)`` and
+    ``min(R, W)``, where ``R`` (``W``) is the time any vCPU ran (waited), itself
+    between ``max r_i`` and ``min(dt, Σ r_i)``. :func:`hazard_bounds` computes
+    them. The gap closes when a window holds a single state per vCPU, so the
+    error shrinks with shorter windows: windows where every vCPU only ran, only
+    waited or only idled are exact, and co-scheduled guests (all run, then all
+    wait) are measured almost exactly.
+
+Partial contention (``..._partial_contention_seconds_total``)
+    Time when at least one vCPU waited while no sibling ran (the others were
+    blocked, idle or waiting too)::
+
+        partial = dt * (Π(1 - p_run) - Π(p_idle))
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import prod
+
+CARRY_LIMIT = 1.0   # seconds; more pending than this means lost samples: drop it
+
+
+@dataclass
+class VcpuCarry:
+    """Run and wait credited by the kernel but not yet placed in a window."""
+
+    run: float = 0.0
+    wait: float = 0.0
+
+
+def place(carry: VcpuCarry, d_run: float, d_wait: float, dt: float) -> tuple[float, float]:
+    """Place newly credited run/wait into a window of ``dt``; update ``carry``."""
+    run = carry.run + max(d_run, 0.0)
+    wait = carry.wait + max(d_wait, 0.0)
+    r = min(run, dt)
+    w = min(wait, dt - r)
+    carry.run = min(run - r, CARRY_LIMIT)
+    carry.wait = min(wait - w, CARRY_LIMIT)
+    return r, w
+
+
+@dataclass(frozen=True)
+class Window:
+    """One domain's estimates for one window, in seconds."""
+
+    dt: float
+    hazard: float
+    partial: float
+    skew: float
+
+
+def estimate(dt: float, placed: list[tuple[float, float]], costop: list[float] | None = None) -> Window:
+    """Estimates for one domain from its vCPUs' placed ``(r, w)`` in a window."""
+    if dt <= 0 or not placed:
+        return Window(dt, 0.0, 0.0, 0.0)
+    costop = costop or [0.0] * len(placed)
+    p_run = [min(r / dt, 1.0) for r, _ in placed]
+    p_wait = [min(w / dt, 1.0 - pr) for (_, w), pr in zip(placed, p_run)]
+    p_idle = [max(1.0 - pr - pw, 0.0) for pr, pw in zip(p_run, p_wait)]
+    none_run = prod(1.0 - p for p in p_run)
+    none_wait = prod(1.0 - p for p in p_wait)
+    all_idle = prod(p_idle)
+    hazard = dt * max(1.0 - none_run - none_wait + all_idle, 0.0) if len(placed) > 1 else 0.0
+    partial = dt * max(none_run - all_idle, 0.0)
+    lags = [w + c for (_, w), c in zip(placed, costop)]
+    return Window(dt, hazard, partial, max(lags) - min(lags))
+
+
+def hazard_bounds(dt: float, placed: list[tuple[float, float]]) -> tuple[float, float]:
+    """Lower and upper bound of the true hazard time in a window."""
+    if len(placed) < 2:
+        return 0.0, 0.0
+    runs = [r for r, _ in placed]
+    waits = [w for _, w in placed]
+    lower = max(0.0, max(runs) + max(waits) - dt)
+    upper = min(min(dt, sum(runs)), min(dt, sum(waits)))
+    return min(lower, upper), upper
+
+
+@dataclass
+class Histogram:
+    """Cumulative-bucket histogram state for a custom collector."""
+
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+
+    def __post_init__(self):
+        if not self.counts:
+            self.counts = [0] * (len(self.bounds) + 1)
+
+    def observe(self, value: float) -> None:
+        for i, b in enumerate(self.bounds):
+            if value <= b:
+                self.counts[i] += 1
+                break
+        else:
+            self.counts[-1] += 1
+        self.total += value
+
+    def buckets(self) -> list[tuple[str, int]]:
+        """``(le, cumulative count)`` pairs ending with ``+Inf``."""
+        out, running = [], 0
+        for b, c in zip((*self.bounds, float("inf")), self.counts):
+            running += c
+            out.append(("+Inf" if b == float("inf") else repr(b), running))
+        return out

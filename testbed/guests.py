@@ -1,0 +1,143 @@
+"""Boot, watch and remove tiny test guests from ``vm-templates/``.
+
+Guests are transient libvirt domains (``createXML``): destroying one removes
+it. Each writes its serial console to a file, from which
+:meth:`Guest.results` reads the workload's ``cosched-result`` lines.
+
+The domain type is ``kvm`` when the host can really run KVM guests
+(``/dev/kvm`` and the ``vmx``/``svm`` CPU flag) and ``qemu`` (TCG) otherwise;
+``COSCHED_TESTBED_ACCEL=kvm|tcg`` forces one.
+"""
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from string import Template
+
+import libvirt
+
+from testbed.image import CACHE_DIR, GuestImage, build
+
+TEMPLATES = Path(__file__).resolve().parents[1] / "vm-templates"
+CONSOLE_DIR = CACHE_DIR / "console"
+NAMESPACE = "urn:cosched:libvirt:1"
+_RESULT = re.compile(r"cosched-result (.*)")
+URI = "qemu:///system"
+_conn: libvirt.virConnect | None = None
+
+
+def connection() -> libvirt.virConnect:
+    """A shared connection to libvirtd, reopened after libvirtd restarts."""
+    global _conn
+    try:
+        if _conn is not None:
+            _conn.getLibVersion()   # a round trip: fails once libvirtd restarted
+            return _conn
+    except libvirt.libvirtError:
+        pass
+    _conn = libvirt.open(URI)
+    return _conn
+
+
+def domain_type() -> str:
+    forced = os.environ.get("COSCHED_TESTBED_ACCEL", "auto")
+    if forced in ("kvm", "tcg"):
+        return "kvm" if forced == "kvm" else "qemu"
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        flags = ""
+    has_vt = re.search(r"^flags\s*:.*\b(vmx|svm)\b", flags, re.M) is not None
+    return "kvm" if os.path.exists("/dev/kvm") and has_vt else "qemu"
+
+
+def annotation(preset: str | None, **params) -> str:
+    """The ``<cosched:policy>`` element for ``preset`` (None: no annotation)."""
+    if preset is None:
+        return ""
+    attrs = "".join(f' {k.replace("_", "-")}="{v}"' for k, v in params.items())
+    return f'<cosched:policy xmlns:cosched="{NAMESPACE}" name="{preset}"{attrs}/>'
+
+
+def domain_xml(name: str, *, vcpus: int = 2, memory_mib: int = 96, workload: str = "barrier",
+               policy: str = "", image: GuestImage | None = None, console_log: Path | None = None,
+               template: str = "tiny.xml") -> str:
+    image = image or build()
+    text = (TEMPLATES / template).read_text()
+    return Template(text).substitute(
+        name=name, type=domain_type(), vcpus=vcpus, memory_mib=memory_mib,
+        kernel=image.kernel, initrd=image.initrd,
+        console_log=console_log or CONSOLE_DIR / f"{name}.log",
+        workload=workload, annotation=policy,
+    )
+
+
+@dataclass
+class Guest:
+    name: str
+    console_log: Path
+
+    @property
+    def dom(self) -> libvirt.virDomain:
+        return connection().lookupByName(self.name)
+
+    def console(self) -> str:
+        try:
+            return self.console_log.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def results(self) -> list[dict[str, int]]:
+        """Every ``cosched-result`` line so far, as ``{key: int}``."""
+        out = []
+        for m in _RESULT.finditer(self.console()):
+            try:
+                out.append({k: int(v) for k, v in (kv.split("=", 1) for kv in m.group(1).split()) if v.isdigit()})
+            except ValueError:
+                continue
+        return out
+
+    def wait_for(self, text: str, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.console():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.name}: {text!r} not on the console after {timeout}s:\n{self.console()[-2000:]}")
+            time.sleep(0.2)
+
+    def destroy(self) -> None:
+        try:
+            self.dom.destroy()
+        except libvirt.libvirtError:
+            pass
+
+
+def start(name: str, **kw) -> Guest:
+    """Boot a transient guest (see :func:`domain_xml` for the options)."""
+    CONSOLE_DIR.mkdir(parents=True, exist_ok=True)
+    log = CONSOLE_DIR / f"{name}.log"
+    log.unlink(missing_ok=True)
+    connection().createXML(domain_xml(name, console_log=log, **kw), 0)
+    return Guest(name, log)
+
+
+def destroy_all(prefix: str) -> None:
+    """Destroy every running domain whose name starts with ``prefix``."""
+    for dom in connection().listAllDomains(libvirt.VIR_CONNECT_LIST_DOMAINS_ACTIVE):
+        if dom.name().startswith(prefix):
+            try:
+                dom.destroy()
+            except libvirt.libvirtError:
+                pass
+
+
+def throughput(results: list[dict[str, int]], since_ms: int = 0) -> float:
+    """Iterations per second between the first result at/after ``since_ms``
+    (guest clock) and the last one."""
+    rs = [r for r in results if r.get("t_ms", 0) >= since_ms]
+    if len(rs) < 2:
+        return 0.0
+    first, last = rs[0], rs[-1]
+    return (last["iters"] - first["iters"]) * 1000.0 / max(last["t_ms"] - first["t_ms"], 1)

@@ -1,0 +1,63 @@
+"""A fake host tree (/proc, /sys, cgroupfs, /run) under a temporary root."""
+from __future__ import annotations
+
+from pathlib import Path
+
+HYBRID_MOUNTINFO = """\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+37 31 0:34 / /sys/fs/cgroup/freezer rw,relatime - cgroup cgroup rw,freezer
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+"""
+UNIFIED_MOUNTINFO = "30 23 0:27 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:9 - cgroup2 cgroup2 rw\n"
+
+
+class FakeHost:
+    def __init__(self, root: Path, cpus: int = 2, smt: int = 1, nodes: int = 1, mode: str = "hybrid"):
+        self.root = root
+        self.cg2 = "/sys/fs/cgroup/unified" if mode == "hybrid" else "/sys/fs/cgroup"
+        self.write("/proc/self/mountinfo", HYBRID_MOUNTINFO if mode == "hybrid" else UNIFIED_MOUNTINFO)
+        self.write("/sys/devices/system/cpu/online", f"0-{cpus - 1}\n")
+        per_node = cpus // nodes
+        for cpu in range(cpus):
+            topo = f"/sys/devices/system/cpu/cpu{cpu}/topology"
+            self.write(f"{topo}/physical_package_id", f"{cpu // per_node}\n")
+            self.write(f"{topo}/core_id", f"{cpu // smt}\n")
+        for node in range(nodes):
+            self.write(f"/sys/devices/system/node/node{node}/cpulist",
+                       f"{node * per_node}-{(node + 1) * per_node - 1}\n")
+
+    def write(self, host_path: str, text: str | bytes) -> Path:
+        p = self.root / host_path.lstrip("/")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(text if isinstance(text, bytes) else text.encode())
+        return p
+
+    def qemu(self, pid: int, name: str, uuid: str, vcpus: dict[int, int], accel: str = "TCG",
+             pidfile: bool = True, cgroups: bool = True, scope: str | None = None) -> None:
+        """A QEMU process ``pid`` whose vCPU ``index`` runs in thread ``vcpus[index]``."""
+        scope = scope or f"/machine/qemu-1-{name}.libvirt-qemu"
+        self.write(f"/proc/{pid}/cmdline", b"\0".join([b"/usr/bin/qemu-system-x86_64", b"-name",
+                                                       f"guest={name}".encode(), b"-uuid", uuid.encode(), b""]))
+        if pidfile:
+            self.write(f"/run/libvirt/qemu/{name}.pid", str(pid))
+        self.thread(pid, pid, "qemu-system-x86", f"{scope}/emulator" if cgroups else "/")
+        for index, tid in vcpus.items():
+            self.thread(pid, tid, f"CPU {index}/{accel}", f"{scope}/vcpu{index}" if cgroups else "/")
+
+    def thread(self, pid: int, tid: int, comm: str, cgroup: str, policy: int = 0, prio: int = 0,
+               cpus: str = "0-1", run_ns: int = 0, wait_ns: int = 0) -> None:
+        base = f"/proc/{pid}/task/{tid}"
+        self.write(f"{base}/comm", comm + "\n")
+        self.write(f"{base}/cgroup", f"1:cpu:{cgroup}\n0::{cgroup}\n")
+        rest = ["S"] + ["0"] * 36 + [str(prio), str(policy)] + ["0"] * 11
+        self.write(f"{base}/stat", f"{tid} ({comm}) " + " ".join(rest) + "\n")
+        self.write(f"{base}/status", f"Name:\t{comm}\nCpus_allowed_list:\t{cpus}\n")
+        self.schedstat(pid, tid, run_ns, wait_ns)
+        self.write(f"{self.cg2}{cgroup}/cgroup.events", "populated 1\nfrozen 0\n")
+
+    def schedstat(self, pid: int, tid: int, run_ns: int, wait_ns: int) -> None:
+        self.write(f"/proc/{pid}/task/{tid}/schedstat", f"{run_ns} {wait_ns} 1\n")
+
+    def freeze(self, cgroup: str, frozen: bool) -> None:
+        self.write(f"{self.cg2}{cgroup}/cgroup.events", f"populated 1\nfrozen {int(frozen)}\n")

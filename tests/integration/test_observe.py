@@ -1,0 +1,88 @@
+"""The daemon observes real guests on a real libvirtd."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+
+from testbed import guests, services
+
+
+
+def proc_vcpu_tids(pid: int) -> dict[int, int]:
+    """vCPU index -> TID, read independently from /proc's thread names."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        comm = open(f"/proc/{pid}/task/{tid}/comm").read().strip()
+        m = re.match(r"CPU (\d+)/(KVM|TCG)$", comm)
+        if m:
+            out[int(m.group(1))] = int(tid)
+    return out
+
+
+def test_discovered_tids_equal_procs(daemon, start_guest):
+    g = start_guest("tids", vcpus=3, workload="idle", policy=guests.annotation("gang"))
+    dom, _ = daemon.wait(lambda: (d := daemon.domain(g.name)) and len(d["vcpus"]) == 3 and d, 10, "3 vCPUs")
+    expected = proc_vcpu_tids(dom["pid"])
+    assert {v["index"]: v["tid"] for v in dom["vcpus"]} == expected
+    assert dom["policy"] == "gang" and dom["error"] is None
+    assert all(v["sched"] == "other" and not v["frozen"] and v["cpus"] for v in dom["vcpus"])
+    status = daemon.status()
+    assert status["host"]["cgroup"] in ("unified", "hybrid")
+    assert status["host"]["cpus"] == sorted(os.sched_getaffinity(0)) or len(status["host"]["cpus"]) >= 1
+
+
+def test_guest_appears_and_disappears_within_2s(daemon, start_guest):
+    g = start_guest("appear", workload="idle")
+    _, took = daemon.wait(lambda: daemon.domain(g.name), 2.0, "new guest in status")
+    _, _ = daemon.wait(lambda: f'domain="{g.name}"' in daemon.metrics(), 2.0, "new guest in metrics")
+    assert daemon.domain(g.name)["policy"] == "none"        # no annotation: default_policy
+    g.destroy()
+    daemon.wait(lambda: daemon.domain(g.name) is None, 2.0, "destroyed guest gone from status")
+    assert f'domain="{g.name}"' not in daemon.metrics()
+
+
+def test_invalid_annotation_reported_and_daemon_keeps_running(daemon, start_guest):
+    g = start_guest("invalid", workload="idle", policy=guests.annotation("gang", quantum_ms="fast"))
+    dom, _ = daemon.wait(lambda: (d := daemon.domain(g.name)) and d["error"] and d, 3, "error in status")
+    assert "quantum-ms" in dom["error"] and dom["policy"] is None
+    assert dom["vcpus"], "an invalid guest is still observed"
+    assert f'cosched_domain_policy_error{{domain="{g.name}"}} 1.0' in daemon.metrics()
+    log = daemon.log.read_text()
+    assert re.search(rf"domain={g.name} action=policy-error .*quantum-ms", log), log
+    assert daemon.proc.poll() is None
+
+
+def test_live_metadata_change_within_2s(daemon, start_guest):
+    g = start_guest("live", workload="idle", policy=guests.annotation("gang"))
+    daemon.wait(lambda: (d := daemon.domain(g.name)) and d["policy"] == "gang", 3, "gang policy")
+    subprocess.run(["virsh", "-c", "qemu:///system", "metadata", g.name, "--uri", "urn:cosched:libvirt:1",
+                    "--key", "cosched", "--set", '<policy name="boost" window-ms="7"/>', "--live"],
+                   check=True, capture_output=True)
+    dom, took = daemon.wait(lambda: (d := daemon.domain(g.name)) and d["policy"] == "boost" and d, 2.0, "boost policy")
+    assert dom["params"]["window-ms"] == 7
+    subprocess.run(["virsh", "-c", "qemu:///system", "metadata", g.name, "--uri", "urn:cosched:libvirt:1",
+                    "--key", "cosched", "--set", '<policy name="boost" window-ms="0"/>', "--live"],
+                   check=True, capture_output=True)
+    daemon.wait(lambda: (d := daemon.domain(g.name)) and d["error"], 2.0, "error after a bad live change")
+    assert f'cosched_domain_policy_error{{domain="{g.name}"}} 1.0' in daemon.metrics()
+
+
+def test_libvirtd_restart_keeps_daemon_running_and_resyncs(daemon, start_guest):
+    before = start_guest("restart-a", workload="idle")
+    daemon.wait(lambda: daemon.domain(before.name), 3, "guest before restart")
+    subprocess.run(["pkill", "-x", "libvirtd"], check=True)
+    deadline = time.monotonic() + 15
+    while services.running("libvirtd") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    daemon.wait(lambda: not daemon.status()["daemon"]["libvirt"]["connected"], 15, "daemon notices libvirtd gone")
+    assert daemon.domain(before.name), "guests keep running and stay observed without libvirtd"
+    services.ensure()
+    daemon.wait(lambda: daemon.status()["daemon"]["libvirt"]["connected"], 15, "daemon reconnects")
+    after = start_guest("restart-b", workload="idle")
+    daemon.wait(lambda: daemon.domain(after.name), 3, "guest started after the restart")
+    before.destroy()
+    daemon.wait(lambda: daemon.domain(before.name) is None, 3, "guest destroyed after the restart")
+    assert daemon.proc.poll() is None
+    assert "action=connected" in daemon.log.read_text().split("action=disconnected", 1)[1]

@@ -1,0 +1,103 @@
+from cosched.discovery import build_domain, build_snapshot
+from cosched.discovery.host import cgroup_layout, read_host
+from cosched.discovery.libvirt import DomainFacts
+from cosched.discovery.threads import find_qemu_pid, vcpu_threads
+from cosched.hostfs import HostFS, parse_cpu_list
+from cosched.policy.presets import Presets
+from fakehost import FakeHost
+
+UUID = "11111111-2222-3333-4444-555555555555"
+GANG_XML = f"""<domain type='qemu'><name>vm1</name><uuid>{UUID}</uuid><metadata>
+<cosched:policy xmlns:cosched="urn:cosched:libvirt:1" name="gang" quantum-ms="20"/></metadata></domain>"""
+
+
+def test_cpu_list_format():
+    assert parse_cpu_list("0-3,8,10-11\n") == (0, 1, 2, 3, 8, 10, 11)
+    assert parse_cpu_list("") == ()
+
+
+def test_host_topology_smt_and_numa(tmp_path):
+    FakeHost(tmp_path, cpus=8, smt=2, nodes=2)
+    host = read_host(HostFS(tmp_path))
+    assert host.cpus == tuple(range(8))
+    assert host.siblings(0) == (0, 1)
+    assert len(host.cores) == 4
+    assert host.nodes == (0, 1)
+    assert host.node_of[5] == 1
+
+
+def test_cgroup_layouts(tmp_path):
+    FakeHost(tmp_path / "h", mode="hybrid")
+    FakeHost(tmp_path / "u", mode="unified")
+    assert cgroup_layout(HostFS(tmp_path / "h")) == ("hybrid", "/sys/fs/cgroup/unified")
+    assert cgroup_layout(HostFS(tmp_path / "u")) == ("unified", "/sys/fs/cgroup")
+    (tmp_path / "l/proc/self").mkdir(parents=True)
+    (tmp_path / "l/proc/self/mountinfo").write_text("32 31 0:29 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n")
+    assert cgroup_layout(HostFS(tmp_path / "l")) == ("legacy", None)
+
+
+def test_vcpu_threads_from_name_and_cgroup(fake, fs):
+    fake.qemu(100, "vm1", UUID, {0: 101, 1: 102})
+    fake.freeze("/machine/qemu-1-vm1.libvirt-qemu/vcpu1", True)
+    vcpus, warnings = vcpu_threads(fs, 100, fake.cg2)
+    assert [(v.index, v.tid) for v in vcpus] == [(0, 101), (1, 102)]
+    assert vcpus[1].frozen and not vcpus[0].frozen
+    assert vcpus[0].cpus == (0, 1) and vcpus[0].sched == "other"
+    assert warnings == ()
+
+
+def test_vcpu_threads_without_cgroups_use_names(fake, fs):
+    fake.qemu(100, "vm1", UUID, {0: 101, 1: 102}, accel="KVM", cgroups=False)
+    vcpus, _ = vcpu_threads(fs, 100, fake.cg2)
+    assert [(v.index, v.tid) for v in vcpus] == [(0, 101), (1, 102)]
+
+
+def test_cgroup_wins_when_name_disagrees(fake, fs):
+    fake.qemu(100, "vm1", UUID, {0: 101})
+    fake.thread(100, 102, "CPU 5/KVM", "/machine/qemu-1-vm1.libvirt-qemu/vcpu1")
+    vcpus, warnings = vcpu_threads(fs, 100, fake.cg2)
+    assert [(v.index, v.tid) for v in vcpus] == [(0, 101), (1, 102)]
+    assert len(warnings) == 1 and "tid=102" in warnings[0]
+
+
+def test_fifo_thread_reported(fake, fs):
+    fake.qemu(100, "vm1", UUID, {})
+    fake.thread(100, 101, "CPU 0/TCG", "/machine/x/vcpu0", policy=1, prio=5, cpus="1")
+    (v,) = vcpu_threads(fs, 100, fake.cg2)[0]
+    assert (v.sched, v.priority, v.cpus) == ("fifo", 5, (1,))
+
+
+def test_vanished_process_gives_no_vcpus(fs):
+    assert vcpu_threads(fs, 4242, None) == ((), ())
+
+
+def test_qemu_pid_from_pidfile_checked_by_uuid(fake, fs):
+    fake.qemu(100, "vm1", UUID, {0: 101})
+    assert find_qemu_pid(fs, "vm1", UUID) == 100
+    # a stale pid file pointing at another process is not trusted
+    fake.write("/run/libvirt/qemu/vm1.pid", "999")
+    fake.write("/proc/999/cmdline", b"/bin/sleep\x00100\x00")
+    assert find_qemu_pid(fs, "vm1", UUID) == 100
+    assert find_qemu_pid(fs, "vm1", "00000000-0000-0000-0000-000000000000") is None
+
+
+def test_snapshot_with_valid_invalid_and_default(fake, fs):
+    fake.qemu(100, "vm1", UUID, {0: 101, 1: 102})
+    bad_uuid = UUID.replace("1", "9")
+    fake.qemu(200, "vm2", bad_uuid, {0: 201})
+    fake.qemu(300, "vm3", UUID.replace("2", "8"), {0: 301})
+    bad = GANG_XML.replace('quantum-ms="20"', 'quantum-ms="fast"')
+    facts = [DomainFacts("vm1", UUID, GANG_XML), DomainFacts("vm2", bad_uuid, bad),
+             DomainFacts("vm3", UUID.replace("2", "8"), "<domain><name>vm3</name></domain>")]
+    snap = build_snapshot(fs, facts, Presets.load([]), "none")
+    vm1, vm2, vm3 = snap.domains
+    assert vm1.policy.preset == "gang" and vm1.policy.param("quantum-ms") == 20 and vm1.error is None
+    assert vm2.policy is None and "quantum-ms" in vm2.error
+    assert [v.tid for v in vm2.vcpus] == [201]          # still observed
+    assert vm3.policy.preset == "none" and vm3.policy.source == "default"
+    assert snap.host.cgroup == "hybrid"
+
+
+def test_domain_whose_process_is_gone(fs):
+    d = build_domain(fs, read_host(fs), "vm1", UUID, GANG_XML, Presets.load([]), "none")
+    assert d.pid is None and d.vcpus == ()

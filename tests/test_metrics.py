@@ -1,0 +1,43 @@
+from prometheus_client import CollectorRegistry, generate_latest
+
+from cosched.discovery import build_snapshot
+from cosched.discovery.libvirt import DomainFacts
+from cosched.metrics import CoschedCollector
+from cosched.policy.presets import Presets
+from cosched.sampler import Sampler
+
+UUID = "11111111-2222-3333-4444-555555555555"
+BAD = """<domain><metadata><cosched:policy xmlns:cosched="urn:cosched:libvirt:1" name="gang" bogus="1"/>
+</metadata></domain>"""
+
+
+def scrape(fake, fs):
+    fake.qemu(100, "vm1", UUID, {0: 101, 1: 102})
+    fake.qemu(200, "vm2", UUID.replace("1", "2"), {0: 201})
+    snap = build_snapshot(fs, [DomainFacts("vm1", UUID, "<domain/>"), DomainFacts("vm2", UUID.replace("1", "2"), BAD)],
+                          Presets.load([]), "gang")
+    s = Sampler(fs, 0.01, lambda: snap)
+    s.step(now_ns=0)
+    fake.schedstat(100, 101, 2_500_000_000, 500_000_000)
+    s.step(now_ns=3_000_000_000)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(CoschedCollector(lambda: snap, s.view))
+    return generate_latest(registry).decode()
+
+
+def test_contract_metric_names_and_labels(fake, fs):
+    text = scrape(fake, fs)
+    for line in [
+        'cosched_build_info{version="0.1.0"} 1.0',
+        f'cosched_domain_info{{domain="vm1",policy="gang",uuid="{UUID}"}} 1.0',
+        'cosched_domain_policy_error{domain="vm1"} 0.0',
+        'cosched_domain_policy_error{domain="vm2"} 1.0',
+        'cosched_vcpu_run_seconds_total{domain="vm1",vcpu="0"} 2.5',
+        'cosched_vcpu_wait_seconds_total{domain="vm1",vcpu="0"} 0.5',
+        'cosched_domain_skew_seconds_count{domain="vm1"} 1.0',
+    ]:
+        assert line in text, line
+    assert "# TYPE cosched_domain_concurrency_hazard_seconds_total counter" in text
+    assert "# TYPE cosched_domain_partial_contention_seconds_total counter" in text
+    assert "# TYPE cosched_domain_skew_seconds histogram" in text
+    assert "tid" not in text and "pid" not in text

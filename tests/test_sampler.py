@@ -1,0 +1,125 @@
+import pytest
+
+from cosched.discovery import build_snapshot
+from cosched.discovery.libvirt import DomainFacts
+from cosched.policy.presets import Presets
+from cosched.sampler import Sampler
+from cosched.sampler.estimate import Histogram, VcpuCarry, estimate, hazard_bounds, place
+
+MS = 1e-3
+UUID = "11111111-2222-3333-4444-555555555555"
+
+
+def test_all_running_or_all_waiting_has_no_hazard():
+    assert estimate(10 * MS, [(10 * MS, 0), (10 * MS, 0)]).hazard == 0
+    w = estimate(10 * MS, [(0, 10 * MS), (0, 10 * MS)])
+    assert w.hazard == 0 and w.partial == pytest.approx(10 * MS)
+
+
+def test_one_runs_one_waits_is_all_hazard():
+    w = estimate(10 * MS, [(10 * MS, 0), (0, 10 * MS)])
+    assert w.hazard == pytest.approx(10 * MS)
+    assert w.partial == 0
+    assert w.skew == pytest.approx(10 * MS)
+
+
+def test_one_runs_one_idle_is_neither():
+    w = estimate(10 * MS, [(10 * MS, 0), (0, 0)])
+    assert (w.hazard, w.partial, w.skew) == (0, 0, 0)
+
+
+def test_single_vcpu_has_no_hazard_but_partial():
+    w = estimate(10 * MS, [(4 * MS, 6 * MS)])
+    assert w.hazard == 0 and w.partial == pytest.approx(6 * MS)
+
+
+def test_independence_estimate_for_halves():
+    # each vCPU runs half and waits half: P(some run & some wait) = 1 - .25 - .25 + 0
+    w = estimate(10 * MS, [(5 * MS, 5 * MS), (5 * MS, 5 * MS)])
+    assert w.hazard == pytest.approx(5 * MS)
+    assert w.partial == pytest.approx(2.5 * MS)
+
+
+@pytest.mark.parametrize("placed", [
+    [(5 * MS, 5 * MS), (5 * MS, 5 * MS)],
+    [(2 * MS, 3 * MS), (7 * MS, 1 * MS), (0, 10 * MS)],
+    [(10 * MS, 0), (0, 10 * MS)],
+    [(1 * MS, 0), (0, 1 * MS)],
+])
+def test_estimate_within_bounds(placed):
+    lo, hi = hazard_bounds(10 * MS, placed)
+    assert lo - 1e-12 <= estimate(10 * MS, placed).hazard <= hi + 1e-12
+
+
+def test_costop_counts_as_lag():
+    assert estimate(10 * MS, [(10 * MS, 0), (0, 0)], costop=[0, 10 * MS]).skew == pytest.approx(10 * MS)
+
+
+def test_late_credit_is_carried_not_lost():
+    carry = VcpuCarry()
+    # the kernel credits 25 ms of wait at once when a long wait ends
+    assert place(carry, 0, 25 * MS, 10 * MS) == (0, pytest.approx(10 * MS))
+    assert place(carry, 0, 0, 10 * MS) == (0, pytest.approx(10 * MS))
+    assert place(carry, 0, 0, 10 * MS) == (0, pytest.approx(5 * MS))
+    assert place(carry, 0, 0, 10 * MS) == (0, 0)
+
+
+def test_run_placed_before_wait_and_window_never_overfull():
+    carry = VcpuCarry()
+    r, w = place(carry, 8 * MS, 8 * MS, 10 * MS)
+    assert (r, w) == (pytest.approx(8 * MS), pytest.approx(2 * MS))
+    assert carry.wait == pytest.approx(6 * MS)
+
+
+def test_histogram_buckets_are_cumulative():
+    h = Histogram((0.001, 0.01))
+    for v in (0.0005, 0.002, 0.003, 0.5):
+        h.observe(v)
+    assert h.buckets() == [("0.001", 1), ("0.01", 3), ("+Inf", 4)]
+    assert h.total == pytest.approx(0.5055)
+
+
+def make_snapshot(fake, fs, vcpus):
+    fake.qemu(100, "vm1", UUID, vcpus)
+    return build_snapshot(fs, [DomainFacts("vm1", UUID, "<domain/>")], Presets.load([]), "none")
+
+
+def test_sampler_accumulates_from_schedstat(fake, fs):
+    snap = make_snapshot(fake, fs, {0: 101, 1: 102})
+    s = Sampler(fs, 0.01, lambda: snap)
+    s.step(now_ns=0)
+    # in 10 ms vCPU 0 ran the whole window, vCPU 1 waited the whole window
+    fake.schedstat(100, 101, 10_000_000, 0)
+    fake.schedstat(100, 102, 0, 10_000_000)
+    s.step(now_ns=10_000_000)
+    (view,) = s.view().values()
+    assert view.name == "vm1" and view.observed == pytest.approx(0.01)
+    assert view.hazard == pytest.approx(0.01)
+    assert [(v.run, v.wait) for v in view.vcpus] == [(0.01, 0.0), (0.0, 0.01)]
+    assert view.skew_count == 1 and view.skew_sum == pytest.approx(0.01)
+
+
+def test_vanished_thread_requests_resync(fake, fs):
+    snap = make_snapshot(fake, fs, {0: 101, 1: 102})
+    asked = []
+    s = Sampler(fs, 0.01, lambda: snap, on_vanished=lambda: asked.append(1))
+    s.step(now_ns=0)
+    # the fake cannot make an open descriptor fail, so swap in a closed one
+    import os
+    dom = next(iter(s.domains.values()))
+    os.close(dom.vcpus[1].fd)
+    dom.vcpus[1].fd = os.open("/dev/null", os.O_RDONLY)   # reads b"": unparsable
+    s.step(now_ns=10_000_000)
+    assert asked == [1]
+    assert [v.index for v in s.view()[UUID].vcpus] == [0]
+
+
+def test_sampler_follows_snapshot_changes(fake, fs):
+    snap = make_snapshot(fake, fs, {0: 101})
+    current = [snap]
+    s = Sampler(fs, 0.01, lambda: current[0])
+    s.step(now_ns=0)
+    assert UUID in s.view()
+    current[0] = build_snapshot(fs, [], Presets.load([]), "none")
+    s.step(now_ns=10_000_000)
+    assert s.view() == {}
