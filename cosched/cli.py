@@ -52,18 +52,26 @@ def _status(config: Config) -> dict | None:
 
 
 def _pct(part: float, whole: float) -> str:
-    return f"{100.0 * part / whole:5.1f}" if whole > 0 else "    -"
+    """A percentage, capped at 100: the kernel credits a wait only when it ends,
+    so a long wait can land in one short interval."""
+    return f"{min(100.0 * part / whole, 100.0):5.1f}" if whole > 0 else "    -"
 
 
 def render(status: dict, previous: dict | None = None) -> str:
-    """A human view of a status document; with ``previous``, rates between the two."""
+    """A human view of a status document; with ``previous``, rates between the two.
+
+    RUN% and WAIT% are each vCPU's share of the interval spent running and
+    waiting for a host CPU; HAZARD% is the share of time one vCPU of the guest
+    ran while a sibling waited; SKEW is the mean per-window skew since start.
+    """
     d = status["daemon"]
     host = status["host"]
+    width = max([16] + [len(dom["name"]) for dom in status["domains"]])
     lines = [
         f"cosched {d['version']}  libvirt {d['libvirt']['uri']} "
         f"{'connected' if d['libvirt']['connected'] else 'DISCONNECTED'}  host cpus {host['cpus']}  "
         f"cgroup {host['cgroup']}{'  DRY-RUN' if d['dry_run'] else ''}",
-        f"{'DOMAIN':<16} {'POLICY':<10} {'VCPU':>4} {'TID':>8} {'CPUS':<8} {'SCHED':<6} {'FRZ':<3} "
+        f"{'DOMAIN':<{width}} {'POLICY':<10} {'VCPU':>4} {'TID':>8} {'CPUS':<8} {'SCHED':<6} {'FRZ':<3} "
         f"{'RUN%':>5} {'WAIT%':>5} {'HAZARD%':>7} {'SKEW ms':>7}",
     ]
     before = {x["uuid"]: x for x in previous["domains"]} if previous else {}
@@ -81,15 +89,15 @@ def render(status: dict, previous: dict | None = None) -> str:
             rates = (_pct(run, span), _pct(wait, span)) if ov else ("    -", "    -")
             first = i == 0
             lines.append(
-                f"{dom['name'] if first else '':<16} {policy if first else '':<10} {v['index']:>4} {v['tid']:>8} "
+                f"{dom['name'] if first else '':<{width}} {policy if first else '':<10} {v['index']:>4} {v['tid']:>8} "
                 f"{','.join(map(str, v['cpus'])):<8} {v['sched']:<6} {'yes' if v['frozen'] else 'no':<3} "
                 f"{rates[0]:>5} {rates[1]:>5} "
                 f"{(_pct(hazard, span) if first else ''):>7} {(skew if first else ''):>7}"
             )
         if not dom["vcpus"]:
-            lines.append(f"{dom['name']:<16} {policy:<10} (no vCPU threads found)")
+            lines.append(f"{dom['name']:<{width}} {policy:<10} (no vCPU threads found)")
         if dom["error"]:
-            lines.append(f"{'':<16} error: {dom['error']}")
+            lines.append(f"{'':<{width}} error: {dom['error']}")
     if not status["domains"]:
         lines.append("(no running domains)")
     return "\n".join(lines)
