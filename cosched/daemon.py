@@ -14,6 +14,8 @@ import signal
 import threading
 import time
 
+import psutil
+
 from cosched import __version__
 from cosched.config import Config
 from cosched.control import ControlServer
@@ -155,6 +157,7 @@ class Daemon:
                 "version": __version__,
                 "pid": os.getpid(),
                 "uptime_seconds": time.time() - self.started,
+                "cpu_seconds": sum(psutil.Process().cpu_times()[:2]),
                 "dry_run": self.dry_run,
                 "libvirt": {"uri": self.config.connect, "connected": self.source.connected, "error": self.source.last_error},
                 "sample_interval_ms": self.config.sample_interval_ms,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -80,5 +80,6 @@ def serve(collector: CoschedCollector, host: str, port: int):
     """Start the ``/metrics`` HTTP server on a private registry; return it."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
+    ProcessCollector(registry=registry)   # process_cpu_seconds_total: the daemon's own overhead
     server, _thread = start_http_server(port, addr=host, registry=registry)
     return server, registry
