@@ -1,4 +1,4 @@
-"""The ``cosched`` command: daemon, status, validate, check-config."""
+"""The ``cosched`` command: daemon, status, reset, validate, check-config."""
 from __future__ import annotations
 
 import argparse
@@ -128,6 +128,59 @@ def cmd_status(args) -> int:
         return 0
 
 
+def cmd_reset(args) -> int:
+    """Restore everything the daemon changed, from the state journal.
+
+    With a daemon running, it asks the daemon to restore and stop managing
+    (it keeps observing until restarted); without one, it replays the journal
+    itself: thread policies, cgroup files (deepest first), libvirt pinning.
+    """
+    config = _load_config(args.config)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s %(message)s")
+    try:
+        reply = request(config.socket_path, "reset", timeout=60)
+    except (OSError, ValueError):
+        reply = None
+    if reply is not None:
+        problems = reply.get("problems", [])
+        where = "by the running daemon (now observing only until restarted)"
+    else:
+        problems = _reset_offline(config)
+        where = "from the journal"
+    for p in problems:
+        print(f"cosched reset: not restored: {p}", file=sys.stderr)
+    if problems:
+        return 1
+    print(f"cosched reset: host restored {where}")
+    return 0
+
+
+def _reset_offline(config: Config) -> list[str]:
+    import os
+
+    from cosched.actuators import journal as jr
+    from cosched.actuators.pinning import LibvirtPinner
+    from cosched.actuators.sched import set_policy
+    from cosched.engine import thread_start
+    from cosched.hostfs import HostFS
+
+    if not os.path.exists(config.journal_path):
+        return []
+    fs = HostFS("/")
+    journal = jr.Journal(config.journal_path)
+    pin = None
+    if any(e["kind"] == "pin" for e in journal.entries.values()):
+        try:
+            import libvirt
+
+            libvirt.registerErrorHandler(lambda *_: None, None)
+            conn = libvirt.open(config.connect)
+            pin = LibvirtPinner(lambda: conn).pin
+        except Exception as e:  # libvirt down: pinning stays journaled for the next try
+            print(f"cosched reset: cannot reach libvirt at {config.connect}: {e}", file=sys.stderr)
+    return jr.restore(journal, fs, set_policy, lambda t: thread_start(fs, t), pin)
+
+
 def _presets(config: Config):
     from cosched.policy.presets import Presets
 
@@ -198,6 +251,10 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument("file")
     v.add_argument("--config", help="configuration file (for site presets and default_policy)")
     v.set_defaults(func=cmd_validate)
+
+    r = sub.add_parser("reset", help="restore everything the daemon changed on the host")
+    r.add_argument("--config", help=argparse.SUPPRESS)
+    r.set_defaults(func=cmd_reset)
 
     c = sub.add_parser("check-config", help="validate a configuration file")
     c.add_argument("path")

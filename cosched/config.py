@@ -17,10 +17,17 @@ error naming the key. Command-line options override the file.
     site preset directories, read after the built-in ones.
 ``state_dir`` (string, default ``/run/cosched``)
     the control socket and the state journal.
+``reserved_cpus`` (list of integers, default ``[]``)
+    host CPUs never used for co-scheduling (keep some for the host itself).
+``max_stall_ms`` (integer 10-10000, default 500)
+    longest time a guest may be held frozen; the planner refuses slot tables
+    that would exceed it and the switcher force-thaws if it ever would.
+``switcher_priority`` (integer 2-99, default 50)
+    SCHED_FIFO priority of the switch loop; vCPU boosts stay below it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 
 try:
     import tomllib
@@ -43,10 +50,17 @@ class Config:
     resync_interval_s: float = 5.0
     presets_dirs: tuple[str, ...] = ("/etc/cosched/policies.d",)
     state_dir: str = "/run/cosched"
+    reserved_cpus: tuple[int, ...] = ()
+    max_stall_ms: int = 500
+    switcher_priority: int = 50
 
     @property
     def socket_path(self) -> str:
         return f"{self.state_dir}/cosched.sock"
+
+    @property
+    def journal_path(self) -> str:
+        return f"{self.state_dir}/journal.json"
 
     def metrics_host_port(self) -> tuple[str, int]:
         return parse_address(self.metrics_address, "metrics_address")
@@ -59,13 +73,17 @@ def parse_address(text: str, key: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-_RANGES = {"sample_interval_ms": (1, 1000), "resync_interval_s": (0.2, 300)}
+_RANGES = {"sample_interval_ms": (1, 1000), "resync_interval_s": (0.2, 300), "max_stall_ms": (10, 10000),
+           "switcher_priority": (2, 99)}
 
 
 def _check(key: str, value: object, default: object) -> object:
     if isinstance(default, tuple):
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ConfigError(f"{key}: expected a list of strings, got {value!r}")
+        item = int if key == "reserved_cpus" else str
+        if not isinstance(value, list) or not all(isinstance(v, item) and not isinstance(v, bool) for v in value):
+            raise ConfigError(f"{key}: expected a list of {item.__name__}s, got {value!r}")
+        if item is int and any(v < 0 for v in value):
+            raise ConfigError(f"{key}: CPU numbers cannot be negative")
         return tuple(value)
     if isinstance(default, float):
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -1,8 +1,8 @@
 """The control socket: ``cosched status`` asks the running daemon over a
 root-only Unix socket (``/run/cosched/cosched.sock``, mode 0600).
 
-Protocol: the client sends one line (``status``) and reads one JSON document
-until the server closes the connection.
+Protocol: the client sends one line (``status`` or ``reset``) and reads one
+JSON document until the server closes the connection.
 """
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ log = logging.getLogger("cosched.control")
 
 
 class ControlServer:
-    def __init__(self, path: str, status: Callable[[], dict]):
+    def __init__(self, path: str, handler: Callable[[str], dict]):
         self.path = path
-        self.status = status
+        self.handler = handler
         self.sock: socket.socket | None = None
 
     def start(self) -> None:
@@ -47,12 +47,8 @@ class ControlServer:
                 return
             with conn:
                 try:
-                    conn.settimeout(2.0)
-                    request = conn.recv(256).decode(errors="replace").strip()
-                    if request == "status":
-                        reply = self.status()
-                    else:
-                        reply = {"error": f"unknown request {request!r}"}
+                    conn.settimeout(30.0)
+                    reply = self.handler(conn.recv(256).decode(errors="replace").strip())
                     conn.sendall(json.dumps(reply).encode())
                 except Exception as e:  # a bad client never stops the daemon
                     log.warning("action=control-request-failed error=%r", str(e))

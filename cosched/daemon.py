@@ -17,10 +17,14 @@ import time
 import psutil
 
 from cosched import __version__
+from cosched.actuators.journal import Journal
+from cosched.actuators.pinning import LibvirtPinner
 from cosched.config import Config
 from cosched.control import ControlServer
 from cosched.discovery import build_snapshot
 from cosched.discovery.libvirt import LibvirtSource
+from cosched.discovery.threads import thread_stat
+from cosched.engine import Engine
 from cosched.hostfs import HostFS
 from cosched.metrics import CoschedCollector, serve
 from cosched.model import Domain, Snapshot
@@ -80,8 +84,13 @@ class Daemon:
         self.snapshot: Snapshot | None = None
         self._facts: list = []
         self.source = LibvirtSource(config.connect, self.wake.set)
-        self.sampler = Sampler(self.fs, config.sample_interval_ms / 1000.0, lambda: self.snapshot, self.wake.set)
-        self.control = ControlServer(config.socket_path, self.status)
+        self.engine = Engine(self.fs, Journal(config.journal_path),
+                             LibvirtPinner(lambda: self.source.conn if self.source.connected else None),
+                             reserved_cpus=config.reserved_cpus, max_stall_ms=config.max_stall_ms,
+                             switcher_priority=config.switcher_priority, dry_run=dry_run)
+        self.sampler = Sampler(self.fs, config.sample_interval_ms / 1000.0, lambda: self.snapshot, self.wake.set,
+                               costop=self._costop)
+        self.control = ControlServer(config.socket_path, self.request)
         self.started = time.time()
         self._http = None
 
@@ -96,11 +105,23 @@ class Daemon:
         snap = build_snapshot(self.fs, self._facts, self.presets, self.config.default_policy, connected)
         log_changes(self.snapshot, snap)
         self.snapshot = snap
+        self.engine.reconcile(snap)
         return snap
+
+    def _costop(self) -> dict[tuple[str, int], float]:
+        with self.engine.lock:
+            return dict(self.engine.stats.costop)
+
+    def _settling(self) -> bool:
+        """A guest's vCPU threads are not in their own cgroups yet (QEMU just started)."""
+        snap = self.snapshot
+        return snap is not None and bool(snap.host.cgroup2_mount) and any(
+            v.cgroup2 is None for d in snap.domains for v in d.vcpus)
 
     def _discovery_loop(self) -> None:
         while not self.stop.is_set():
-            timeout = self.config.resync_interval_s if self.source.connected else 0.5
+            settle = not self.source.connected or self._settling()
+            timeout = 0.5 if settle else self.config.resync_interval_s
             self.wake.wait(timeout)
             if self.stop.is_set():
                 return
@@ -111,14 +132,52 @@ class Daemon:
                 log.exception("action=resync-failed")
 
     # -- status ---------------------------------------------------------
+    def request(self, what: str) -> dict:
+        """Answer one control-socket request."""
+        if what == "status":
+            return self.status()
+        if what == "reset":
+            problems = self.engine.pause()
+            return {"restored": not problems, "problems": problems}
+        return {"error": f"unknown request {what!r}"}
+
+    def _live_vcpu(self, d: Domain, vc) -> dict:
+        """Frozen and scheduling state read now, not at the last resync."""
+        host = self.snapshot.host
+        freeze = host.freeze_file(vc)
+        events = self.fs.read_or(freeze.rsplit("/", 1)[0] + "/cgroup.events") if freeze else None
+        frozen = "frozen 1" in (events or "").splitlines() if events is not None else vc.frozen
+        stat = thread_stat(self.fs, vc.tid, d.pid)
+        sched, prio = (stat[0], stat[1]) if stat else (vc.sched, vc.priority)
+        return {"frozen": frozen, "sched": sched, "priority": prio}
+
     def status(self) -> dict:
         snap = self.snapshot
         views = self.sampler.view()
         host = snap.host if snap else None
+        plan = self.engine.plan
+        with self.engine.lock:
+            es = self.engine.stats
+            costop = dict(es.costop)
+            engine = {
+                "paused": self.engine.paused,
+                "realtime_switcher": es.realtime,
+                "switches": dict(es.switches),
+                "forced_thaws": es.forced_thaws,
+                "errors": list(es.errors)[-10:],
+                "switch_latency_p99_seconds": es.latency.quantile(0.99),
+                "slot_lateness_p99_seconds": es.lateness.quantile(0.99),
+                "cells": [{"id": c.id, "mode": c.mode, "cpus": list(c.cpus), "members": [m.name for m in c.members],
+                           "cycle_ms": c.cycle_ms, "max_stall_ms": c.max_stall_ms, "note": c.note,
+                           "boost_failed": es.boost_failed.get(c.id),
+                           "active": next((m.name for m in c.members if m.uuid == es.active.get(c.id)), None)}
+                          for c in plan.cells],
+            }
         domains = []
         for d in snap.domains if snap else ():
             v = views.get(d.uuid)
             per_vcpu = {vc.index: vc for vc in v.vcpus} if v else {}
+            cell = plan.cell_of(d.uuid)
             domains.append({
                 "name": d.name,
                 "uuid": d.uuid,
@@ -127,17 +186,18 @@ class Daemon:
                 "policy_kind": d.policy.kind if d.policy else None,
                 "policy_source": d.policy.source if d.policy else None,
                 "params": dict(d.policy.params) if d.policy else {},
-                "error": d.error,
+                "error": d.error or plan.rejected.get(d.uuid),
+                "managed": cell is not None,
+                "cell": cell.id if cell else None,
                 "warnings": list(d.warnings),
                 "vcpus": [{
                     "index": vc.index,
                     "tid": vc.tid,
                     "cpus": list(vc.cpus),
-                    "frozen": vc.frozen,
-                    "sched": vc.sched,
-                    "priority": vc.priority,
+                    **self._live_vcpu(d, vc),
                     "run_seconds": per_vcpu[vc.index].run if vc.index in per_vcpu else None,
                     "wait_seconds": per_vcpu[vc.index].wait if vc.index in per_vcpu else None,
+                    "costop_seconds": costop.get((d.uuid, vc.index), 0.0),
                 } for vc in d.vcpus],
                 "observed_seconds": v.observed if v else 0.0,
                 "hazard_seconds": v.hazard if v else 0.0,
@@ -164,6 +224,7 @@ class Daemon:
                 "samples": self.sampler.samples,
                 "late_samples": self.sampler.late,
                 "preset_errors": list(self.presets.errors),
+                "engine": engine,
             },
             "domains": domains,
         }
@@ -173,13 +234,15 @@ class Daemon:
         host, port = self.config.metrics_host_port()
         self.control.start()
         try:
-            self._http, _ = serve(CoschedCollector(lambda: self.snapshot, self.sampler.view), host, port)
+            self._http, _ = serve(CoschedCollector(lambda: self.snapshot, self.sampler.view, self.engine), host, port)
         except OSError as e:
             self.control.stop()
             log.error("action=metrics-listen-failed address=%s error=%r", self.config.metrics_address, e.strerror)
             return 1
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stop.set())
+        self.source.ensure_connected()
+        self.engine.recover()
         self.resync()
         threads = [
             threading.Thread(target=self._discovery_loop, name="discovery", daemon=True),
@@ -195,8 +258,9 @@ class Daemon:
         self.wake.set()
         for t in threads:
             t.join(timeout=5)
+        problems = self.engine.release()
         self.control.stop()
         self._http.shutdown()
         self.source.close()
-        log.info("action=stopped")
+        log.info("action=stopped restored=%s", "all" if not problems else f"not all: {problems}")
         return 0

@@ -22,9 +22,11 @@ from cosched.sampler import DomainView
 
 
 class CoschedCollector:
-    def __init__(self, snapshot: Callable[[], Snapshot | None], sampler_view: Callable[[], dict[str, DomainView]]):
+    def __init__(self, snapshot: Callable[[], Snapshot | None], sampler_view: Callable[[], dict[str, DomainView]],
+                 engine=None):
         self.snapshot = snapshot
         self.sampler_view = sampler_view
+        self.engine = engine
 
     def describe(self):
         return []  # dynamic series: do not let the registry call collect() at registration
@@ -60,9 +62,19 @@ class CoschedCollector:
             "Per sampling window: largest difference between two sibling vCPUs' lag (wait + costop)",
             labels=["domain"],
         )
+        costop = CounterMetricFamily("cosched_vcpu_costop_seconds", "Time the vCPU was held frozen by cosched",
+                                     labels=["domain", "vcpu"])
+        rejected = self.engine.plan.rejected if self.engine else {}
+        costops = {}
+        if self.engine is not None:
+            with self.engine.lock:
+                costops = dict(self.engine.stats.costop)
         for d in snap.domains if snap else ():
             info.add_metric([d.name, d.uuid, d.policy.preset if d.policy else ""], 1)
-            error.add_metric([d.name], 1 if d.error else 0)
+            error.add_metric([d.name], 1 if d.error or d.uuid in rejected else 0)
+            if self.engine is not None and self.engine.plan.cell_of(d.uuid):
+                for vc in d.vcpus:
+                    costop.add_metric([d.name, str(vc.index)], costops.get((d.uuid, vc.index), 0.0))
             v = views.get(d.uuid)
             if v is None:
                 continue
@@ -73,7 +85,26 @@ class CoschedCollector:
             partial.add_metric([d.name], v.partial)
             observed.add_metric([d.name], v.observed)
             skew.add_metric([d.name], [(le, c) for le, c in v.skew_buckets], v.skew_sum)
-        yield from (info, error, run, wait, hazard, partial, observed, skew)
+        yield from (info, error, run, wait, costop, hazard, partial, observed, skew)
+        if self.engine is not None:
+            yield from self._engine_metrics()
+
+    def _engine_metrics(self):
+        with self.engine.lock:
+            s = self.engine.stats
+            switches = CounterMetricFamily("cosched_switches", "Gang slot changes performed", labels=["cell"])
+            for cell, n in sorted(s.switches.items()):
+                switches.add_metric([cell], n)
+            latency = HistogramMetricFamily(
+                "cosched_switch_latency_seconds",
+                "From the first freeze write of a slot change until every incoming vCPU is thawed",
+                buckets=s.latency.buckets(), sum_value=s.latency.total)
+            lateness = HistogramMetricFamily(
+                "cosched_slot_lateness_seconds", "How late each slot change started after its deadline",
+                buckets=s.lateness.buckets(), sum_value=s.lateness.total)
+            forced = CounterMetricFamily("cosched_forced_thaws", "Guests thawed because they reached max_stall_ms")
+            forced.add_metric([], s.forced_thaws)
+        yield from (switches, latency, lateness, forced)
 
 
 def serve(collector: CoschedCollector, host: str, port: int):

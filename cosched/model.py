@@ -19,6 +19,8 @@ class Host:
     node_of: Mapping[int, int]                 # cpu -> NUMA node
     cgroup: str                                # "unified", "hybrid" or "legacy"
     cgroup2_mount: str | None                  # where the v2 tree is mounted
+    cpu_v1_mount: str | None = None            # v1 cpu controller, if mounted
+    rt_group_sched: bool = False               # SCHED_FIFO needs cpu.rt_runtime_us grants
 
     def siblings(self, cpu: int) -> tuple[int, ...]:
         """SMT siblings of ``cpu`` (itself included)."""
@@ -36,6 +38,20 @@ class Host:
     @property
     def nodes(self) -> tuple[int, ...]:
         return tuple(sorted(set(self.node_of.values()))) or (0,)
+
+    def freeze_file(self, vcpu: "Vcpu") -> str | None:
+        """Host path of the vCPU's v2 ``cgroup.freeze``, if it has its own cgroup."""
+        if not self.cgroup2_mount or not vcpu.cgroup2 or vcpu.cgroup2 == "/":
+            return None
+        return f"{self.cgroup2_mount}{vcpu.cgroup2}/cgroup.freeze"
+
+    def rt_chain(self, vcpu: "Vcpu") -> tuple[str, ...]:
+        """``cpu.rt_runtime_us`` files a SCHED_FIFO boost of the vCPU needs, top-down
+        (empty without RT group scheduling)."""
+        if not self.rt_group_sched or not vcpu.cpu_cgroup:
+            return ()
+        parts = [p for p in vcpu.cpu_cgroup.split("/") if p]
+        return tuple(f"{self.cpu_v1_mount}/{'/'.join(parts[:i])}/cpu.rt_runtime_us" for i in range(1, len(parts) + 1))
 
 
 @dataclass(frozen=True)
@@ -56,6 +72,8 @@ class Vcpu:
     index: int
     tid: int
     cgroup2: str | None = None                 # v2 cgroup path of the thread
+    cpu_cgroup: str | None = None              # v1 cpu controller path (RT group scheduling)
+    start_time: int = 0                        # /proc stat starttime: tells a reused TID apart
     cpus: tuple[int, ...] = ()                 # affinity
     sched: str = "other"                       # "other", "fifo", "rr", ...
     priority: int = 0                          # rt priority

@@ -6,6 +6,7 @@ from pathlib import Path
 HYBRID_MOUNTINFO = """\
 31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
 32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+33 31 0:30 / /sys/fs/cgroup/cpuacct rw,relatime - cgroup cgroup rw,cpuacct
 37 31 0:34 / /sys/fs/cgroup/freezer rw,relatime - cgroup cgroup rw,freezer
 41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
 """
@@ -50,7 +51,7 @@ class FakeHost:
         base = f"/proc/{pid}/task/{tid}"
         self.write(f"{base}/comm", comm + "\n")
         self.write(f"{base}/cgroup", f"1:cpu:{cgroup}\n0::{cgroup}\n")
-        rest = ["S"] + ["0"] * 36 + [str(prio), str(policy)] + ["0"] * 11
+        rest = ["S"] + ["0"] * 18 + [str(1000 + tid)] + ["0"] * 17 + [str(prio), str(policy)] + ["0"] * 11
         self.write(f"{base}/stat", f"{tid} ({comm}) " + " ".join(rest) + "\n")
         self.write(f"{base}/status", f"Name:\t{comm}\nCpus_allowed_list:\t{cpus}\n")
         self.schedstat(pid, tid, run_ns, wait_ns)

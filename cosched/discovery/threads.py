@@ -46,29 +46,40 @@ def _has_uuid(fs: HostFS, pid: int, uuid: str) -> bool:
     return any(a == b"-uuid" and i + 1 < len(args) and args[i + 1] == target for i, a in enumerate(args))
 
 
-def _cgroup_index(text: str) -> tuple[int | None, str | None]:
-    """(vCPU index from libvirt's vcpuN cgroup, v2 path) of one thread."""
+def _cgroups(text: str) -> tuple[int | None, str | None, str | None]:
+    """(vCPU index, v2 path, v1 cpu path) from libvirt's ``vcpuN`` cgroups of one thread.
+
+    Paths are given only once libvirt has moved the thread into its own
+    ``vcpuN`` cgroup: right after QEMU starts, vCPU threads still sit in the
+    emulator's cgroup, and freezing that would stop the whole guest.
+    """
     index = None
-    v2 = None
+    v2 = cpu = None
     for line in text.splitlines():
         hier, _, rest = line.partition(":")
         controllers, _, path = rest.partition(":")
+        m = _VCPU_CG.search(path)
+        if not m:
+            continue
         if hier == "0" and controllers == "":
             v2 = path
-        m = _VCPU_CG.search(path)
-        if m and (index is None or hier == "0"):
+        if "cpu" in controllers.split(","):
+            cpu = path
+        if index is None or hier == "0":
             index = int(m.group(1))
-    return index, v2
+    return index, v2, cpu
 
 
-def _sched(fs: HostFS, pid: int, tid: int) -> tuple[str, int]:
-    stat = fs.read_or(f"/proc/{pid}/task/{tid}/stat") or ""
-    fields = stat.rpartition(")")[2].split()
-    # after "pid (comm)": state is field 3, rt_priority 40, policy 41
+def thread_stat(fs: HostFS, tid: int, pid: int | None = None) -> tuple[str, int, int] | None:
+    """(scheduling policy name, rt priority, start time) of a thread, None if gone."""
+    path = f"/proc/{pid}/task/{tid}/stat" if pid else f"/proc/{tid}/stat"
+    fields = (fs.read_or(path) or "").rpartition(")")[2].split()
+    # after "pid (comm)": state is field 3, so field n is fields[n - 3]:
+    # starttime 22, rt_priority 40, policy 41
     if len(fields) < 39:
-        return "other", 0
-    policy, prio = int(fields[38]), int(fields[37])
-    return SCHED_NAMES.get(policy, str(policy)), prio
+        return None
+    policy, prio, start = int(fields[38]), int(fields[37]), int(fields[19])
+    return SCHED_NAMES.get(policy, str(policy)), prio, start
 
 
 def _affinity(fs: HostFS, pid: int, tid: int) -> tuple[int, ...]:
@@ -96,7 +107,7 @@ def vcpu_threads(fs: HostFS, pid: int, cgroup2_mount: str | None) -> tuple[tuple
         comm = (fs.read_or(f"/proc/{pid}/task/{tid}/comm") or "").strip()
         m = _COMM.match(comm)
         name_index = int(m.group(1)) if m else None
-        cg_index, v2 = _cgroup_index(fs.read_or(f"/proc/{pid}/task/{tid}/cgroup") or "")
+        cg_index, v2, cpu_cg = _cgroups(fs.read_or(f"/proc/{pid}/task/{tid}/cgroup") or "")
         if name_index is not None and cg_index is not None and name_index != cg_index:
             warnings.append(f"tid={tid} is named {comm!r} but sits in cgroup vcpu{cg_index}; using vcpu{cg_index}")
         index = cg_index if cg_index is not None else name_index
@@ -105,11 +116,16 @@ def vcpu_threads(fs: HostFS, pid: int, cgroup2_mount: str | None) -> tuple[tuple
         if index in found:
             warnings.append(f"vcpu{index}: two threads ({found[index].tid}, {tid}); keeping {found[index].tid}")
             continue
-        sched, prio = _sched(fs, pid, tid)
+        stat = thread_stat(fs, tid, pid)
+        if stat is None:
+            continue                                  # exited while we looked
+        sched, prio, start = stat
         found[index] = Vcpu(
             index=index,
             tid=tid,
             cgroup2=v2,
+            cpu_cgroup=cpu_cg,
+            start_time=start,
             cpus=_affinity(fs, pid, tid),
             sched=sched,
             priority=prio,

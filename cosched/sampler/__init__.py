@@ -33,6 +33,7 @@ class VcpuStats:
     fd: int | None
     run_ns: int = 0             # last cumulative schedstat values
     wait_ns: int = 0
+    costop: float = 0.0         # last cumulative costop seconds (from the engine)
     carry: VcpuCarry = field(default_factory=VcpuCarry)
 
 
@@ -77,11 +78,13 @@ def read_schedstat(fd: int) -> tuple[int, int]:
 
 class Sampler:
     def __init__(self, fs: HostFS, interval: float, snapshot: Callable[[], Snapshot | None],
-                 on_vanished: Callable[[], None] = lambda: None):
+                 on_vanished: Callable[[], None] = lambda: None,
+                 costop: Callable[[], dict[tuple[str, int], float]] = dict):
         self.fs = fs
         self.interval = interval
         self.snapshot = snapshot
         self.on_vanished = on_vanished
+        self.costop = costop
         self.domains: dict[str, DomainStats] = {}
         self.lock = threading.Lock()
         self.samples = 0
@@ -139,8 +142,9 @@ class Sampler:
             dt = (now_ns - self._last_ns) / 1e9 if self._last_ns is not None else 0.0
             self._last_ns = now_ns
             vanished = False
-            for stats in self.domains.values():
-                placed = []
+            costop = self.costop()
+            for uuid, stats in self.domains.items():
+                placed, stopped = [], []
                 for index in sorted(stats.vcpus):
                     v = stats.vcpus[index]
                     try:
@@ -151,10 +155,13 @@ class Sampler:
                         continue
                     d_run, d_wait = (run - v.run_ns) / 1e9, (wait - v.wait_ns) / 1e9
                     v.run_ns, v.wait_ns = run, wait
+                    frozen = costop.get((uuid, index), v.costop)
+                    d_costop, v.costop = max(frozen - v.costop, 0.0), frozen
                     if dt > 0:
                         placed.append(place(v.carry, d_run, d_wait, dt))
+                        stopped.append(min(d_costop, dt))
                 if dt > 0 and placed:
-                    w = estimate(dt, placed)
+                    w = estimate(dt, placed, stopped)
                     stats.hazard += w.hazard
                     stats.partial += w.partial
                     stats.observed += dt

@@ -129,6 +129,18 @@ class Histogram:
             self.counts[-1] += 1
         self.total += value
 
+    def quantile(self, q: float) -> float | None:
+        """Upper bound of the bucket holding quantile ``q`` (None when empty)."""
+        n = sum(self.counts)
+        if n == 0:
+            return None
+        running = 0
+        for b, c in zip((*self.bounds, float("inf")), self.counts):
+            running += c
+            if running >= q * n:
+                return b
+        return float("inf")
+
     def buckets(self) -> list[tuple[str, int]]:
         """``(le, cumulative count)`` pairs ending with ``+Inf``."""
         out, running = [], 0

@@ -1,0 +1,308 @@
+"""The engine: reconcile the plan onto the host, by difference.
+
+On every new snapshot (libvirt event, vanished thread, periodic resync) the
+daemon's discovery thread calls :meth:`Engine.reconcile`:
+
+1. compute the plan (pure: :func:`cosched.policy.plan.plan`);
+2. record in the journal the original of everything the plan may change
+   (``cgroup.freeze``, scheduling policy, RT runtime, libvirt pinning);
+3. pin each managed vCPU through libvirt where its live pinning differs,
+   and put back the pinning of guests no longer managed;
+4. hand the cells to the switcher process, which runs the slot tables.
+
+The switcher reports switches, switch latency, slot lateness, costop time,
+forced thaws and errors; they become metrics and status. If the switcher dies,
+the engine restores what it may have left (thread policies, cgroup files),
+and starts a new one at the next reconcile. On shutdown the switcher releases
+everything, then the journal is replayed in full.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+
+from cosched.actuators import journal as jr
+from cosched.actuators.pinning import cpumap_for
+from cosched.actuators.sched import read_runtime, set_policy
+from cosched.discovery.threads import thread_stat
+from cosched.hostfs import HostFS
+from cosched.model import Snapshot
+from cosched.policy.plan import Plan, PlanConfig, plan
+from cosched.sampler.estimate import Histogram
+
+log = logging.getLogger("cosched.engine")
+
+LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.002, 0.005, 0.01, 0.05)
+LATENESS_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.1)
+
+
+@dataclass
+class EngineStats:
+    switches: dict[str, int] = field(default_factory=dict)
+    latency: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
+    lateness: Histogram = field(default_factory=lambda: Histogram(LATENESS_BUCKETS))
+    costop: dict[tuple[str, int], float] = field(default_factory=dict)   # (uuid, vcpu) -> seconds
+    forced_thaws: int = 0
+    errors: deque = field(default_factory=lambda: deque(maxlen=50))
+    active: dict[str, str] = field(default_factory=dict)
+    boost_failed: dict[str, str] = field(default_factory=dict)
+    realtime: bool | None = None
+
+
+def thread_start(fs: HostFS, tid: int) -> int | None:
+    stat = thread_stat(fs, tid)
+    return stat[2] if stat else None
+
+
+class Engine:
+    def __init__(self, fs: HostFS, journal: jr.Journal, pinner, *, reserved_cpus=(), max_stall_ms: int = 500,
+                 switcher_priority: int = 50, dry_run: bool = False):
+        self.fs = fs
+        self.journal = journal
+        self.pinner = pinner
+        self.reserved_cpus = tuple(reserved_cpus)
+        self.max_stall_ms = max_stall_ms
+        self.switcher_priority = switcher_priority
+        self.dry_run = dry_run
+        self.plan = Plan()
+        self.paused = False
+        self.stats = EngineStats()
+        self.lock = threading.Lock()          # guards stats
+        self.op_lock = threading.RLock()      # one reconcile / release at a time
+        self._proc: subprocess.Popen | None = None
+        self._sent: str | None = None
+        self._rt_top: int | None = None
+
+    # -- planning -------------------------------------------------------
+    def plan_config(self, snap: Snapshot) -> PlanConfig:
+        return PlanConfig(reserved_cpus=self.reserved_cpus, max_stall_ms=self.max_stall_ms,
+                          switcher_priority=self.switcher_priority, rt_budget_us=self._rt_budget(snap))
+
+    def _rt_budget(self, snap: Snapshot) -> int | None:
+        """RT runtime the vCPU groups may share: the root's, less what other top groups hold."""
+        host = snap.host
+        if not host.rt_group_sched:
+            return None
+        try:
+            root = read_runtime(self.fs, f"{host.cpu_v1_mount}/cpu.rt_runtime_us")
+        except (OSError, ValueError):
+            return None
+        root = 950_000 if root < 0 else root
+        ours = {host.rt_chain(v)[0] for d in snap.domains for v in d.vcpus if host.rt_chain(v)}
+        others = 0
+        for entry in self.fs.listdir(host.cpu_v1_mount):
+            path = f"{host.cpu_v1_mount}/{entry}/cpu.rt_runtime_us"
+            if path not in ours and self.fs.exists(path):
+                try:
+                    others += max(read_runtime(self.fs, path), 0)
+                except (OSError, ValueError):
+                    pass
+        return max(root - others, 0)
+
+    # -- reconcile ------------------------------------------------------
+    def reconcile(self, snap: Snapshot) -> Plan:
+        with self.op_lock:
+            return self._reconcile(snap)
+
+    def _reconcile(self, snap: Snapshot) -> Plan:
+        cfg = self.plan_config(snap)
+        self._rt_top = cfg.rt_budget_us
+        new = plan(snap, cfg)
+        if new != self.plan:
+            for uuid, reason in new.rejected.items():
+                if self.plan.rejected.get(uuid) != reason:
+                    d = next((d for d in snap.domains if d.uuid == uuid), None)
+                    log.warning("domain=%s action=rejected reason=%r", d.name if d else uuid, reason)
+            for c in new.cells:
+                if c.note and c not in self.plan.cells:
+                    log.warning("cell=%s action=note %s", c.id, c.note)
+        self.plan = new
+        if self.dry_run or self.paused:
+            return new
+        self._record_originals(snap, new)
+        self._pin(snap, new)
+        self._send(new)
+        self._collect_garbage(snap)
+        return new
+
+    def _record_originals(self, snap: Snapshot, p: Plan) -> None:
+        entries = {}
+        managed = {m.uuid for c in p.cells for m in c.members}
+        for d in snap.domains:
+            if d.uuid not in managed:
+                continue
+            for v in d.vcpus:
+                k, e = jr.sched_entry(v.tid, v.start_time, v.sched, v.priority)
+                entries[k] = e
+                for path in [snap.host.freeze_file(v), *snap.host.rt_chain(v)]:
+                    if path and f"file:{path}" not in self.journal.entries:
+                        value = self.fs.read_or(path)
+                        if value is not None:
+                            k, e = jr.file_entry(path, value.strip())
+                            entries[k] = e
+            if self.pinner is not None and not any(f"pin:{d.uuid}:{v.index}" in self.journal.entries for v in d.vcpus):
+                try:
+                    for index, cpumap in enumerate(self.pinner.current(d.uuid)):
+                        k, e = jr.pin_entry(d.uuid, d.name, index, list(cpumap))
+                        entries[k] = e
+                except (LookupError, OSError, ConnectionError) as err:
+                    log.warning("domain=%s action=pin-info-failed error=%r", d.name, str(err))
+        self.journal.record(entries)
+
+    def _pin(self, snap: Snapshot, p: Plan) -> None:
+        if self.pinner is None:
+            return
+        wanted = p.pins()
+        by_uuid: dict[str, dict[int, int]] = {}
+        for (uuid, index), cpu in wanted.items():
+            by_uuid.setdefault(uuid, {})[index] = cpu
+        names = {d.uuid: d.name for d in snap.domains}
+        for uuid, pins in by_uuid.items():
+            try:
+                current = self.pinner.current(uuid)
+                for index, cpu in pins.items():
+                    if index < len(current):
+                        desired = cpumap_for([cpu], len(current[index]))
+                        if tuple(current[index]) != desired:
+                            self.pinner.pin(uuid, index, desired)
+                            log.info("domain=%s vcpu=%d cpu=%d action=pinned", names.get(uuid, uuid), index, cpu)
+            except (LookupError, OSError, ConnectionError) as err:
+                log.warning("domain=%s action=pin-failed error=%r", names.get(uuid, uuid), str(err))
+        # guests no longer managed get their own pinning back
+        stale = {e["uuid"] for e in self.journal.entries.values() if e["kind"] == "pin" and e["uuid"] not in by_uuid}
+        if stale:
+            problems = jr.restore(self.journal, self.fs, set_policy, lambda t: thread_start(self.fs, t),
+                                  self.pinner.pin, kinds=("pin",), only=lambda e: e["uuid"] in stale)
+            for problem in problems:
+                log.warning("action=unpin-failed %s", problem)
+
+    def _collect_garbage(self, snap: Snapshot) -> None:
+        """Forget journal entries whose targets are gone for good."""
+        running = {d.uuid for d in snap.domains}
+        gone = []
+        for key, e in self.journal.entries.items():
+            if e["kind"] == "sched" and thread_start(self.fs, e["tid"]) != e["start_time"]:
+                gone.append(key)
+            elif e["kind"] == "file" and not self.fs.exists(e["path"]):
+                gone.append(key)
+            elif e["kind"] == "pin" and e["uuid"] not in running and snap.libvirt_connected:
+                gone.append(key)
+        self.journal.forget(gone)
+
+    # -- the switcher process -------------------------------------------
+    def _message(self, p: Plan) -> str:
+        return json.dumps({
+            "type": "plan",
+            "max_stall_ms": self.max_stall_ms,
+            "rt_top_us": self._rt_top,
+            "cells": [{
+                "id": c.id, "mode": c.mode,
+                "members": [{"uuid": m.uuid, "name": m.name, "slot_ms": m.slot_ms, "priority": m.priority,
+                             "rt_vcpu_us": m.rt_vcpu_us,
+                             "vcpus": [{"index": v.index, "tid": v.tid, "freeze": v.freeze,
+                                        "rt_chain": list(v.rt_chain)} for v in m.vcpus]}
+                            for m in c.members],
+            } for c in p.cells],
+        }, sort_keys=True)
+
+    def _send(self, p: Plan) -> None:
+        msg = self._message(p)
+        if self._proc is None or self._proc.poll() is not None:
+            self._start_switcher()
+            self._sent = None
+        if msg == self._sent:
+            return
+        try:
+            self._proc.stdin.write(msg + "\n")
+            self._proc.stdin.flush()
+            self._sent = msg
+        except (BrokenPipeError, OSError) as e:
+            log.error("action=switcher-write-failed error=%r", str(e))
+
+    def _start_switcher(self) -> None:
+        env = dict(os.environ, COSCHED_SWITCHER_PRIORITY=str(self.switcher_priority),
+                   COSCHED_HOST_ROOT=str(self.fs.root))
+        self._proc = subprocess.Popen([sys.executable, "-m", "cosched.engine.switcher"], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, text=True, env=env, bufsize=1)
+        threading.Thread(target=self._read_switcher, args=(self._proc,), name="switcher-stats", daemon=True).start()
+        log.info("action=switcher-started pid=%d", self._proc.pid)
+
+    def _read_switcher(self, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            with self.lock:
+                s = self.stats
+                if "ready" in msg:
+                    s.realtime = msg["realtime"]
+                    continue
+                for cell, n in msg.get("switches", {}).items():
+                    s.switches[cell] = s.switches.get(cell, 0) + n
+                for ns in msg.get("latency_ns", []):
+                    s.latency.observe(ns / 1e9)
+                for ns in msg.get("lateness_ns", []):
+                    s.lateness.observe(ns / 1e9)
+                for key, ns in msg.get("costop_ns", {}).items():
+                    uuid, index = key.rsplit("/", 1)
+                    s.costop[(uuid, int(index))] = ns / 1e9
+                s.forced_thaws += msg.get("forced_thaws", 0)
+                s.errors.extend(msg.get("errors", []))
+                s.active = msg.get("active", s.active)
+                s.boost_failed = msg.get("boost_failed", s.boost_failed)
+        code = proc.wait()
+        if not getattr(proc, "stopping", False):
+            log.error("action=switcher-died code=%s: restoring thread policies and cgroup files", code)
+            self._restore(kinds=("sched", "file"))
+
+    def _stop_switcher(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.stopping = True
+        try:
+            proc.stdin.write(json.dumps({"type": "stop"}) + "\n")
+            proc.stdin.close()
+        except (BrokenPipeError, OSError):
+            pass
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            log.error("action=switcher-kill reason=no-exit-in-10s")
+            proc.kill()
+            proc.wait()
+
+    # -- restore --------------------------------------------------------
+    def _restore(self, kinds=("sched", "file", "pin")) -> list[str]:
+        pin = self.pinner.pin if self.pinner is not None else None
+        problems = jr.restore(self.journal, self.fs, set_policy, lambda t: thread_start(self.fs, t), pin, kinds)
+        for problem in problems:
+            log.error("action=restore-failed %s", problem)
+        return problems
+
+    def recover(self) -> None:
+        """At start: undo whatever a previous daemon left in the journal."""
+        if len(self.journal):
+            log.warning("action=recover entries=%d (a previous daemon did not exit cleanly)", len(self.journal))
+            self._restore()
+
+    def release(self) -> list[str]:
+        """Stop managing: the switcher releases, then the journal is replayed."""
+        with self.op_lock:
+            self._stop_switcher()
+            self._sent = None
+            return self._restore()
+
+    def pause(self) -> list[str]:
+        """``cosched reset`` with a running daemon: restore and stop managing."""
+        with self.op_lock:
+            self.paused = True
+            log.warning("action=paused reason=reset: all guests restored, observed only until restart")
+            return self.release()

@@ -1,0 +1,240 @@
+"""From a snapshot to a plan: cells, slot tables and pinning. Pure code.
+
+A **cell** is a set of host CPUs shared by guests that take turns on it. Each
+member gets a slot of ``weight x quantum-ms`` (``window-ms`` for boost); the
+cell's cycle is the sum of its members' slots. Members' vCPUs are pinned one
+per cell CPU, siblings on distinct CPUs (balance scheduling), spread across
+cores before SMT siblings.
+
+``gang``
+    One cell spanning the whole co-scheduling pool (host CPUs minus
+    ``reserved_cpus``). In its slot a guest's vCPUs are thawed and, with
+    ``boost``, raised to SCHED_FIFO; the other gang guests are frozen. A guest
+    with more vCPUs than the pool has CPUs is rejected.
+``partial``
+    Guests are packed into cells just big enough for them (first-fit
+    decreasing by size; a new cell while free pool CPUs remain, else the
+    least-loaded existing cell that fits). Guests in different cells run at
+    the same time; only guests sharing a cell take turns.
+``boost``
+    Packed like ``partial``, but nothing is frozen: in its window a guest's
+    vCPUs are SCHED_FIFO, outside it they are ordinary threads.
+
+Safety rules enforced here, before anything touches the host:
+
+* a freeze cell never keeps a guest frozen longer than ``max_stall_ms``: a
+  guest whose admission would make ``cycle - own slot`` exceed it is rejected
+  (observed, not managed), with the reason;
+* a cell with a single member needs no turns: it is pinned but never frozen
+  or boosted;
+* at most one member per cell is boosted at a time and cells are disjoint
+  within a kind, so no more vCPUs are boosted at once than the pool has CPUs;
+* on kernels with RT group scheduling a boost needs RT runtime, granted for
+  as long as the guest is managed (granting and revoking it per slot would
+  let the kernel's throttling debt pile up and stall the vCPU). The budget
+  (``rt_budget_us``) is split evenly among all boosted vCPUs; when one vCPU's
+  share of a period is less than its guest's share of the cycle, the
+  throttle would stop it mid-slot, so that cell runs freeze-only, and says so.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from cosched.model import Domain, Host, Snapshot
+
+FREEZE, BOOST = "freeze", "boost"
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    reserved_cpus: tuple[int, ...] = ()
+    max_stall_ms: int = 500
+    switcher_priority: int = 50
+    rt_budget_us: int | None = None      # None: no RT group scheduling, no limit
+    rt_period_us: int = 1_000_000
+
+
+@dataclass(frozen=True)
+class PlannedVcpu:
+    index: int
+    tid: int
+    start_time: int
+    cpu: int
+    freeze: str | None                   # host path of cgroup.freeze
+    rt_chain: tuple[str, ...] = ()       # cpu.rt_runtime_us files, top-down, ending at the vCPU
+
+
+@dataclass(frozen=True)
+class Member:
+    uuid: str
+    name: str
+    slot_ms: int
+    priority: int                        # SCHED_FIFO priority in its slot; 0: no boost
+    vcpus: tuple[PlannedVcpu, ...]
+    rt_vcpu_us: int | None = None        # RT runtime granted to each vCPU's cgroup
+
+
+@dataclass(frozen=True)
+class Cell:
+    id: str
+    mode: str                            # FREEZE or BOOST
+    cpus: tuple[int, ...]
+    members: tuple[Member, ...]
+    note: str | None = None
+
+    @property
+    def cycle_ms(self) -> int:
+        return sum(m.slot_ms for m in self.members)
+
+    @property
+    def max_stall_ms(self) -> int:
+        """Longest time any member spends frozen per cycle."""
+        if self.mode != FREEZE or len(self.members) < 2:
+            return 0
+        return self.cycle_ms - min(m.slot_ms for m in self.members)
+
+
+@dataclass(frozen=True)
+class Plan:
+    cells: tuple[Cell, ...] = ()
+    rejected: dict[str, str] = field(default_factory=dict)      # uuid -> reason
+
+    def cell_of(self, uuid: str) -> Cell | None:
+        return next((c for c in self.cells if any(m.uuid == uuid for m in c.members)), None)
+
+    def pins(self) -> dict[tuple[str, int], int]:
+        """(domain uuid, vCPU index) -> host CPU."""
+        return {(m.uuid, v.index): v.cpu for c in self.cells for m in c.members for v in m.vcpus}
+
+
+def pool_order(host: Host, reserved: tuple[int, ...]) -> list[int]:
+    """Pool CPUs, grouped by NUMA node, one CPU per core before SMT siblings."""
+    def key(cpu):
+        siblings = host.siblings(cpu)
+        return (host.node_of.get(cpu, 0), siblings.index(cpu), host.core_of.get(cpu, (0, cpu)), cpu)
+    return sorted((c for c in host.cpus if c not in set(reserved)), key=key)
+
+
+def _slot_ms(d: Domain) -> int:
+    p = dict(d.policy.params)
+    return p["weight"] * (p["quantum-ms"] if "quantum-ms" in p else p["window-ms"])
+
+
+def _member(d: Domain, host: Host, cpus: tuple[int, ...], boost: bool, cfg: PlanConfig) -> Member:
+    p = dict(d.policy.params)
+    priority = min(p.get("priority", 1), cfg.switcher_priority - 1) if boost else 0
+    vcpus = tuple(
+        PlannedVcpu(
+            index=v.index, tid=v.tid, start_time=v.start_time, cpu=cpus[i],
+            freeze=host.freeze_file(v),
+            rt_chain=host.rt_chain(v),
+        )
+        for i, v in enumerate(d.vcpus)
+    )
+    return Member(d.uuid, d.name, _slot_ms(d), priority, vcpus)
+
+
+def _stall_after(members_slots: list[int], slot: int) -> int:
+    slots = members_slots + [slot]
+    return sum(slots) - min(slots) if len(slots) > 1 else 0
+
+
+def _unfit(d: Domain, host: Host, mode: str, pool: list[int]) -> str | None:
+    if not d.vcpus:
+        return "no vCPU threads found"
+    if mode == FREEZE and not all(host.freeze_file(v) for v in d.vcpus):
+        return "its vCPU threads are not (yet) in libvirt's per-vCPU cgroups, which freezing needs"
+    if len(d.vcpus) > len(pool):
+        return f"it has {len(d.vcpus)} vCPUs but the co-scheduling pool has {len(pool)} CPUs"
+    return None
+
+
+def _gang(domains: list[Domain], host: Host, pool: list[int], cfg: PlanConfig, rejected: dict) -> list[Cell]:
+    admitted: list[Domain] = []
+    for d in sorted(domains, key=lambda d: d.name):
+        reason = _unfit(d, host, FREEZE, pool)
+        if reason is None:
+            stall = _stall_after([_slot_ms(a) for a in admitted], _slot_ms(d))
+            if stall > cfg.max_stall_ms:
+                reason = (f"the gang cell is full: admitting it would freeze guests for {stall} ms "
+                          f"per cycle (max_stall_ms {cfg.max_stall_ms})")
+        if reason:
+            rejected[d.uuid] = f"not managed: {reason}"
+            continue
+        admitted.append(d)
+    if not admitted:
+        return []
+    boost = len(admitted) > 1
+    members = tuple(_member(d, host, tuple(pool), boost and dict(d.policy.params)["boost"], cfg) for d in admitted)
+    return [Cell("gang", FREEZE, tuple(pool), members)]
+
+
+def _packed(kind: str, mode: str, domains: list[Domain], host: Host, pool: list[int], cfg: PlanConfig,
+            rejected: dict) -> list[Cell]:
+    cells: list[tuple[list[int], list[Domain]]] = []
+    free = list(pool)
+    for d in sorted(domains, key=lambda d: (-len(d.vcpus), d.name)):
+        reason = _unfit(d, host, mode, pool)
+        if reason:
+            rejected[d.uuid] = f"not managed: {reason}"
+            continue
+        k = len(d.vcpus)
+        if len(free) >= k:
+            cells.append((free[:k], [d]))
+            free = free[k:]
+            continue
+        fitting = [c for c in cells if len(c[0]) >= k and
+                   (mode != FREEZE or _stall_after([_slot_ms(m) for m in c[1]], _slot_ms(d)) <= cfg.max_stall_ms)]
+        if not fitting:
+            rejected[d.uuid] = (f"not managed: no {kind} cell of {k} CPUs has room "
+                                f"(pool {len(pool)} CPUs, max_stall_ms {cfg.max_stall_ms})")
+            continue
+        min(fitting, key=lambda c: sum(_slot_ms(m) for m in c[1]))[1].append(d)
+    out = []
+    for i, (cpus, ds) in enumerate(cells):
+        boost = len(ds) > 1
+        members = tuple(_member(d, host, tuple(cpus), boost and (mode == BOOST or dict(d.policy.params)["boost"]), cfg)
+                        for d in ds)
+        out.append(Cell(f"{kind}-{i}", mode, tuple(cpus), members))
+    return out
+
+
+def _rt_budgets(cells: list[Cell], cfg: PlanConfig) -> list[Cell]:
+    """Split the RT budget among boosted vCPUs; turn boost off where it cannot last."""
+    def boosted(cs):
+        return [v for c in cs for m in c.members if m.priority and m.vcpus[0].rt_chain for v in m.vcpus]
+    if cfg.rt_budget_us is None or not boosted(cells):
+        return cells
+    out = list(cells)
+    # cells whose members need the largest share lose their boost first
+    while boosted(out):
+        share = cfg.rt_budget_us // len(boosted(out))
+        worst = None
+        for i, c in enumerate(out):
+            need = max((m.slot_ms / c.cycle_ms for m in c.members if m.priority), default=0.0)
+            if need and need * 1.1 > share / cfg.rt_period_us and (worst is None or need > worst[1]):
+                worst = (i, need)
+        if worst is None:
+            return [replace(c, members=tuple(replace(m, rt_vcpu_us=share if m.priority else None)
+                                             for m in c.members)) for c in out]
+        i, need = worst
+        c = out[i]
+        note = (f"boost off: with RT group scheduling each boosted vCPU may hold {share / cfg.rt_period_us:.0%} "
+                f"of a period, a guest here needs {need:.0%} (its share of the cycle); freeze-only")
+        out[i] = replace(c, members=tuple(replace(m, priority=0) for m in c.members), note=note)
+    return out
+
+
+def plan(snapshot: Snapshot, cfg: PlanConfig) -> Plan:
+    """The plan for every managed guest in ``snapshot``."""
+    host = snapshot.host
+    pool = pool_order(host, cfg.reserved_cpus)
+    by_kind: dict[str, list[Domain]] = {"gang": [], "partial": [], "boost": []}
+    for d in snapshot.domains:
+        if d.policy is not None and d.error is None and d.policy.kind in by_kind:
+            by_kind[d.policy.kind].append(d)
+    rejected: dict[str, str] = {}
+    cells = (_gang(by_kind["gang"], host, pool, cfg, rejected)
+             + _packed("partial", FREEZE, by_kind["partial"], host, pool, cfg, rejected)
+             + _packed("boost", BOOST, by_kind["boost"], host, pool, cfg, rejected))
+    return Plan(tuple(_rt_budgets(cells, cfg)), rejected)

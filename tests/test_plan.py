@@ -1,0 +1,167 @@
+"""The planner on synthetic hosts from 2 to 256 CPUs."""
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cosched.model import Domain, Host, PolicySpec, Snapshot, Vcpu
+from cosched.policy.params import resolve
+from cosched.policy.plan import FREEZE, PlanConfig, plan, pool_order
+
+
+def host(cpus=2, smt=1, nodes=1, rt=False):
+    per_node = cpus // nodes
+    return Host(cpus=tuple(range(cpus)), core_of={c: (c // per_node, c // smt) for c in range(cpus)},
+                node_of={c: c // per_node for c in range(cpus)}, cgroup="hybrid",
+                cgroup2_mount="/sys/fs/cgroup/unified", cpu_v1_mount="/sys/fs/cgroup/cpu", rt_group_sched=rt)
+
+
+def dom(name, kind="gang", vcpus=2, **params):
+    spec = PolicySpec(kind, kind, resolve(kind, {}, {k.replace("_", "-"): v for k, v in params.items()}), "annotation")
+    tid0 = abs(hash(name)) % 100000 * 10
+    vs = tuple(Vcpu(i, tid0 + i, f"/machine/{name}/vcpu{i}", f"/machine/{name}/vcpu{i}", start_time=1) for i in range(vcpus))
+    return Domain(name, f"uuid-{name}", 1, vs, spec)
+
+
+def snap(h, *domains):
+    return Snapshot(h, tuple(domains))
+
+
+def test_three_gang_guests_share_one_cell():
+    p = plan(snap(host(2), dom("a"), dom("b"), dom("c")), PlanConfig())
+    (cell,) = p.cells
+    assert cell.mode == FREEZE and cell.cpus == (0, 1)
+    assert [m.name for m in cell.members] == ["a", "b", "c"]
+    assert cell.cycle_ms == 150 and cell.max_stall_ms == 100
+    assert all(m.priority == 1 for m in cell.members)
+    # balance scheduling: siblings on distinct CPUs
+    assert all(sorted(v.cpu for v in m.vcpus) == [0, 1] for m in cell.members)
+    assert cell.members[0].vcpus[0].freeze == "/sys/fs/cgroup/unified/machine/a/vcpu0/cgroup.freeze"
+
+
+def test_guest_larger_than_pool_is_rejected_not_half_managed():
+    p = plan(snap(host(2), dom("big", vcpus=4), dom("ok")), PlanConfig())
+    assert "big" not in [m.name for c in p.cells for m in c.members]
+    assert "4 vCPUs" in p.rejected["uuid-big"] and "2 CPUs" in p.rejected["uuid-big"]
+
+
+def test_reserved_cpus_never_used():
+    p = plan(snap(host(8), dom("a"), dom("b", kind="partial"), dom("c", kind="boost")), PlanConfig(reserved_cpus=(0, 1)))
+    used = {v.cpu for c in p.cells for m in c.members for v in m.vcpus}
+    assert used and not used & {0, 1}
+    assert not any(set(c.cpus) & {0, 1} for c in p.cells)
+
+
+def test_max_stall_admission():
+    guests = [dom(n, quantum_ms=200) for n in "abcd"]
+    p = plan(snap(host(2), *guests), PlanConfig(max_stall_ms=500))
+    (cell,) = p.cells
+    assert [m.name for m in cell.members] == ["a", "b", "c"]       # 3 x 200: frozen 400 ms
+    assert "max_stall_ms 500" in p.rejected["uuid-d"] and cell.max_stall_ms <= 500
+
+
+def test_weight_scales_the_slot():
+    p = plan(snap(host(2), dom("a", weight=3), dom("b")), PlanConfig())
+    slots = {m.name: m.slot_ms for m in p.cells[0].members}
+    assert slots == {"a": 150, "b": 50}
+
+
+def test_lone_member_is_not_boosted():
+    (cell,) = plan(snap(host(2), dom("a")), PlanConfig()).cells
+    assert cell.members[0].priority == 0 and cell.max_stall_ms == 0
+
+
+def test_partial_packs_into_separate_cells_then_time_shares():
+    h = host(4)
+    p = plan(snap(h, dom("a", kind="partial"), dom("b", kind="partial"), dom("c", kind="partial")), PlanConfig())
+    cells = {c.id: c for c in p.cells}
+    assert len(cells) == 2
+    assert set(cells["partial-0"].cpus).isdisjoint(cells["partial-1"].cpus)
+    sizes = sorted(len(c.members) for c in cells.values())
+    assert sizes == [1, 2]
+
+
+def test_partial_first_fit_decreasing_by_size():
+    p = plan(snap(host(6), dom("small", kind="partial", vcpus=1), dom("big", kind="partial", vcpus=4),
+                  dom("mid", kind="partial", vcpus=2)), PlanConfig())
+    assert [(c.members[0].name, len(c.cpus)) for c in p.cells] == [("big", 4), ("mid", 2)]
+    # no free CPU left: the small guest time-shares the least-loaded cell that fits
+    assert [m.name for m in p.cells[0].members] == ["big", "small"] and not p.rejected
+
+
+def test_spread_over_cores_before_smt_siblings():
+    h = host(8, smt=2)
+    order = pool_order(h, ())
+    assert [h.core_of[c] for c in order[:4]] == sorted({h.core_of[c] for c in range(8)})
+    (cell,) = plan(snap(h, dom("a", kind="partial")), PlanConfig()).cells
+    assert h.core_of[cell.cpus[0]] != h.core_of[cell.cpus[1]]
+
+
+def test_numa_cells_stay_on_one_node():
+    h = host(16, smt=2, nodes=2)
+    p = plan(snap(h, *[dom(f"g{i}", kind="partial", vcpus=4) for i in range(4)]), PlanConfig())
+    for c in p.cells:
+        assert len({h.node_of[cpu] for cpu in c.cpus}) == 1
+
+
+def test_boost_cells_never_freeze():
+    p = plan(snap(host(2), dom("a", kind="boost"), dom("b", kind="boost"), dom("c", kind="boost")), PlanConfig())
+    (cell,) = p.cells
+    assert cell.mode == "boost" and cell.max_stall_ms == 0
+    assert [m.slot_ms for m in cell.members] == [20, 20, 20]
+
+
+def test_priority_stays_below_the_switcher():
+    (cell,) = plan(snap(host(2), dom("a", priority=99), dom("b")), PlanConfig(switcher_priority=50)).cells
+    assert max(m.priority for m in cell.members) == 49
+
+
+def test_rt_group_sched_budget_turns_boost_off_when_too_small():
+    h = host(2, rt=True)
+    p = plan(snap(h, dom("a"), dom("b"), dom("c")), PlanConfig(rt_budget_us=950_000))
+    (cell,) = p.cells
+    assert all(m.priority == 0 for m in cell.members) and "freeze-only" in cell.note
+    # a big enough budget (e.g. longer cycles on bigger hosts) keeps boosts on
+    p = plan(snap(h, dom("a"), dom("b"), dom("c")), PlanConfig(rt_budget_us=950_000 * 10))
+    assert all(m.priority == 1 and m.rt_vcpu_us for m in p.cells[0].members)
+    assert p.cells[0].members[0].vcpus[0].rt_chain[-1] == "/sys/fs/cgroup/cpu/machine/a/vcpu0/cpu.rt_runtime_us"
+
+
+def test_invalid_and_none_guests_are_not_planned():
+    bad = Domain("bad", "uuid-bad", 1, dom("x").vcpus, None, error="annotation attribute 'x': bad")
+    p = plan(snap(host(2), bad, dom("n", kind="none")), PlanConfig())
+    assert p.cells == () and p.rejected == {}
+
+
+def test_vcpus_without_their_own_cgroup_are_not_frozen():
+    d = dom("a")
+    d = Domain(d.name, d.uuid, 1, tuple(Vcpu(v.index, v.tid) for v in d.vcpus), d.policy)
+    p = plan(snap(host(2), d, dom("b")), PlanConfig())
+    assert "per-vCPU cgroups" in p.rejected["uuid-a"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(cpus=st.sampled_from([2, 4, 8, 16, 64, 256]), smt=st.sampled_from([1, 2]),
+       guests=st.lists(st.tuples(st.sampled_from(["gang", "partial", "boost"]), st.integers(1, 8),
+                                 st.integers(1, 200), st.integers(1, 4)), max_size=40),
+       max_stall=st.integers(10, 2000), reserved=st.integers(0, 3))
+def test_plan_invariants(cpus, smt, guests, max_stall, reserved):
+    h = host(cpus, smt=smt if cpus >= 2 else 1)
+    ds = [dom(f"g{i}", kind=k, vcpus=v, **({"quantum_ms": q} if k != "boost" else {"window_ms": q}), weight=w)
+          for i, (k, v, q, w) in enumerate(guests)]
+    cfg = PlanConfig(reserved_cpus=tuple(range(reserved)), max_stall_ms=max_stall)
+    p = plan(snap(h, *ds), cfg)
+    placed = [m.uuid for c in p.cells for m in c.members]
+    assert len(placed) == len(set(placed))                       # one cell per guest
+    assert set(placed) | set(p.rejected) == {d.uuid for d in ds}   # every guest planned or told why
+    for c in p.cells:
+        assert c.max_stall_ms <= max_stall                       # never frozen past max-stall
+        assert not set(c.cpus) & set(cfg.reserved_cpus)
+        for m in c.members:
+            assert len({v.cpu for v in m.vcpus}) == len(m.vcpus)   # siblings on distinct CPUs
+            assert {v.cpu for v in m.vcpus} <= set(c.cpus)
+    for kind in ("partial", "boost"):
+        cells = [c for c in p.cells if c.id.startswith(kind)]
+        cpus_used = [cpu for c in cells for cpu in c.cpus]
+        assert len(cpus_used) == len(set(cpus_used))             # cells of a kind are disjoint
+        boosted = sum(len(c.members[0].vcpus) for c in cells)
+        assert boosted <= max(cpus - reserved, 0)                        # never more boosted vCPUs than CPUs
