@@ -126,8 +126,10 @@ class Engine:
         if self.dry_run or self.paused:
             return new
         self._record_originals(snap, new)
-        self._pin(snap, new)
+        # rotation first, pinning second: several runnable vCPUs pinned to one
+        # CPU starve the host's own tasks (this daemon included) until frozen
         self._send(new)
+        self._pin(snap, new)
         self._collect_garbage(snap)
         return new
 
@@ -294,11 +296,13 @@ class Engine:
             self._restore()
 
     def release(self) -> list[str]:
-        """Stop managing: the switcher releases, then the journal is replayed."""
+        """Stop managing: pinning back first (while guests still take turns),
+        then the switcher thaws and unboosts, then the rest of the journal."""
         with self.op_lock:
+            problems = self._restore(kinds=("pin",))
             self._stop_switcher()
             self._sent = None
-            return self._restore()
+            return problems + self._restore()
 
     def pause(self) -> list[str]:
         """``cosched reset`` with a running daemon: restore and stop managing."""

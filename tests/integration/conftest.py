@@ -64,7 +64,7 @@ class DaemonProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "cosched", "daemon", "--config", str(self.config),
              "--metrics-address", f"127.0.0.1:{self.port}", *args],
-            stdout=subprocess.DEVNULL, stderr=open(self.log, "w"))
+            stdout=subprocess.DEVNULL, stderr=open(self.log, "w"), start_new_session=True)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if self.status() is not None:
