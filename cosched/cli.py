@@ -62,7 +62,8 @@ def render(status: dict, previous: dict | None = None) -> str:
 
     RUN% and WAIT% are each vCPU's share of the interval spent running and
     waiting for a host CPU; HAZARD% is the share of time one vCPU of the guest
-    ran while a sibling waited; SKEW is the mean per-window skew since start.
+    ran while a sibling waited; SKEW is the mean per-window skew (since the
+    daemon started, or over the interval with ``previous``).
     """
     d = status["daemon"]
     host = status["host"]
@@ -82,6 +83,8 @@ def render(status: dict, previous: dict | None = None) -> str:
         old_vcpus = {v["index"]: v for v in old["vcpus"]} if old else {}
         policy = dom["policy"] or "INVALID"
         skew = f"{1000 * dom['skew_mean_seconds']:.2f}"
+        if old and dom.get("skew_windows", 0) > old.get("skew_windows", 0):
+            skew = f"{1000 * (dom['skew_sum_seconds'] - old['skew_sum_seconds']) / (dom['skew_windows'] - old['skew_windows']):.2f}"
         for i, v in enumerate(dom["vcpus"]):
             ov = old_vcpus.get(v["index"]) if old_vcpus.get(v["index"], {}).get("tid") == v["tid"] else None
             run = (v["run_seconds"] or 0.0) - ((ov or {}).get("run_seconds") or 0.0)

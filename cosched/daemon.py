@@ -204,6 +204,8 @@ class Daemon:
                 "partial_contention_seconds": v.partial if v else 0.0,
                 "skew_last_seconds": v.last_skew if v else 0.0,
                 "skew_mean_seconds": (v.skew_sum / v.skew_count) if v and v.skew_count else 0.0,
+                "skew_sum_seconds": v.skew_sum if v else 0.0,
+                "skew_windows": v.skew_count if v else 0,
             })
         return {
             "host": {

@@ -25,18 +25,24 @@ class LibvirtPinner:
         try:
             return conn.lookupByUUIDString(uuid)
         except libvirt.libvirtError as e:
-            if e.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
-                raise LookupError(uuid) from None
-            raise
+            raise _error(uuid, e) from None
 
     def current(self, uuid: str) -> list[tuple[bool, ...]]:
         """Live cpumap of every vCPU of the domain."""
-        return [tuple(m) for m in self._dom(uuid).vcpuPinInfo(libvirt.VIR_DOMAIN_AFFECT_LIVE)]
+        try:
+            return [tuple(m) for m in self._dom(uuid).vcpuPinInfo(libvirt.VIR_DOMAIN_AFFECT_LIVE)]
+        except libvirt.libvirtError as e:
+            raise _error(uuid, e) from None
 
     def pin(self, uuid: str, vcpu: int, cpumap) -> None:
         try:
             self._dom(uuid).pinVcpuFlags(vcpu, tuple(cpumap), libvirt.VIR_DOMAIN_AFFECT_LIVE)
         except libvirt.libvirtError as e:
-            if e.get_error_code() in (libvirt.VIR_ERR_NO_DOMAIN, libvirt.VIR_ERR_OPERATION_INVALID):
-                raise LookupError(uuid) from None
-            raise OSError(0, e.get_error_message()) from None
+            raise _error(uuid, e) from None
+
+
+def _error(uuid: str, e: libvirt.libvirtError) -> Exception:
+    """A stopped domain is a LookupError (nothing to do); anything else an OSError."""
+    if e.get_error_code() in (libvirt.VIR_ERR_NO_DOMAIN, libvirt.VIR_ERR_OPERATION_INVALID):
+        return LookupError(uuid)
+    return OSError(0, f"domain {uuid}: {e.get_error_message()}")

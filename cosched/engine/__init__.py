@@ -136,6 +136,7 @@ class Engine:
     def _record_originals(self, snap: Snapshot, p: Plan) -> None:
         entries = {}
         managed = {m.uuid for c in p.cells for m in c.members}
+        pinned = {uuid for uuid, _ in p.pins()}
         for d in snap.domains:
             if d.uuid not in managed:
                 continue
@@ -148,7 +149,8 @@ class Engine:
                         if value is not None:
                             k, e = jr.file_entry(path, value.strip())
                             entries[k] = e
-            if self.pinner is not None and not any(f"pin:{d.uuid}:{v.index}" in self.journal.entries for v in d.vcpus):
+            if d.uuid in pinned and self.pinner is not None and not any(
+                    f"pin:{d.uuid}:{v.index}" in self.journal.entries for v in d.vcpus):
                 try:
                     for index, cpumap in enumerate(self.pinner.current(d.uuid)):
                         k, e = jr.pin_entry(d.uuid, d.name, index, list(cpumap))
