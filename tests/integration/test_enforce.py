@@ -179,3 +179,20 @@ def test_guest_destroyed_mid_slot_is_harmless(trio, tmp_path):
     for name in NAMES[:2]:
         for cg in vcpu_cgroups(name):
             assert open(f"{cg}/cgroup.events").read().split()[-1] == "0"
+
+
+def test_dry_run_plans_but_changes_nothing(trio, tmp_path):
+    gs, _ = trio
+    for g in gs:
+        set_policy(g.name, '<policy name="gang"/>')
+    before = host_state(NAMES)
+    daemon = DaemonProcess(tmp_path).start("--dry-run")
+    try:
+        status, _ = daemon.wait(lambda: (s := daemon.status()) and s["daemon"]["engine"]["cells"] and s, 10, "a plan")
+        assert status["daemon"]["dry_run"] is True
+        assert len(status["daemon"]["engine"]["cells"][0]["members"]) == 3
+        time.sleep(2)
+        assert host_state(NAMES) == before
+        assert daemon.status()["daemon"]["engine"]["switches"] == {}
+    finally:
+        assert daemon.stop() == 0
