@@ -150,11 +150,16 @@ def cmd_reset(args) -> int:
     else:
         problems = _reset_offline(config)
         where = "from the journal"
+    return _finish(problems, "cosched reset: not restored", f"cosched reset: host restored {where}")
+
+
+def _finish(problems: list[str], prefix: str, success: str) -> int:
+    """Print each problem (exit 1) or the success line (exit 0)."""
     for p in problems:
-        print(f"cosched reset: not restored: {p}", file=sys.stderr)
+        print(f"{prefix}: {p}", file=sys.stderr)
     if problems:
         return 1
-    print(f"cosched reset: host restored {where}")
+    print(success)
     return 0
 
 
@@ -223,12 +228,7 @@ def cmd_check_config(args) -> int:
     if config.default_policy not in presets.by_name:
         problems.append(f"{args.path}: default_policy: unknown preset {config.default_policy!r} "
                         f"(known: {', '.join(sorted(presets.by_name))})")
-    for p in problems:
-        print(f"cosched: invalid: {p}", file=sys.stderr)
-    if problems:
-        return 1
-    print(f"{args.path}: valid; presets: {', '.join(sorted(presets.by_name))}")
-    return 0
+    return _finish(problems, "cosched: invalid", f"{args.path}: valid; presets: {', '.join(sorted(presets.by_name))}")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -62,13 +62,14 @@ def annotation(preset: str | None, **params) -> str:
     return f'<cosched:policy xmlns:cosched="{NAMESPACE}" name="{preset}"{attrs}/>'
 
 
-def domain_xml(name: str, *, vcpus: int = 2, memory_mib: int = 96, workload: str = "barrier",
+def domain_xml(name: str, *, vcpus: int = 2, max_vcpus: int | None = None, memory_mib: int = 96,
+               workload: str = "barrier",
                policy: str = "", image: GuestImage | None = None, console_log: Path | None = None,
                template: str = "tiny.xml") -> str:
     image = image or build()
     text = (TEMPLATES / template).read_text()
     return Template(text).substitute(
-        name=name, type=domain_type(), vcpus=vcpus, memory_mib=memory_mib,
+        name=name, type=domain_type(), vcpus=vcpus, max_vcpus=max(max_vcpus or vcpus, vcpus), memory_mib=memory_mib,
         kernel=image.kernel, initrd=image.initrd,
         console_log=console_log or CONSOLE_DIR / f"{name}.log",
         workload=workload, annotation=policy,

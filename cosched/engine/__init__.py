@@ -76,8 +76,12 @@ class Engine:
         self.lock = threading.Lock()          # guards stats
         self.op_lock = threading.RLock()      # one reconcile / release at a time
         self._proc: subprocess.Popen | None = None
-        self._sent: str | None = None
+        self._sent: dict | None = None
         self._rt_top: int | None = None
+        self._seq = 0
+        self._applied = -1
+        self._ready = False
+        self._acks = threading.Condition()
 
     # -- planning -------------------------------------------------------
     def plan_config(self, snap: Snapshot) -> PlanConfig:
@@ -119,8 +123,9 @@ class Engine:
                 if self.plan.rejected.get(uuid) != reason:
                     d = next((d for d in snap.domains if d.uuid == uuid), None)
                     log.warning("domain=%s action=rejected reason=%r", d.name if d else uuid, reason)
+            old_notes = {c.id: c.note for c in self.plan.cells}
             for c in new.cells:
-                if c.note and c not in self.plan.cells:
+                if c.note and old_notes.get(c.id) != c.note:
                     log.warning("cell=%s action=note %s", c.id, c.note)
         self.plan = new
         if self.dry_run or self.paused:
@@ -128,8 +133,10 @@ class Engine:
         self._record_originals(snap, new)
         # rotation first, pinning second: several runnable vCPUs pinned to one
         # CPU starve the host's own tasks (this daemon included) until frozen
-        self._send(new)
-        self._pin(snap, new)
+        if self._send(new):
+            self._pin(snap, new)
+        else:
+            log.warning("action=pin-deferred reason='the switcher has not confirmed the plan'")
         self._collect_garbage(snap)
         return new
 
@@ -200,8 +207,8 @@ class Engine:
         self.journal.forget(gone)
 
     # -- the switcher process -------------------------------------------
-    def _message(self, p: Plan) -> str:
-        return json.dumps({
+    def _message(self, p: Plan) -> dict:
+        return {
             "type": "plan",
             "max_stall_ms": self.max_stall_ms,
             "rt_top_us": self._rt_top,
@@ -213,29 +220,40 @@ class Engine:
                                         "rt_chain": list(v.rt_chain)} for v in m.vcpus]}
                             for m in c.members],
             } for c in p.cells],
-        }, sort_keys=True)
+        }
 
-    def _send(self, p: Plan) -> None:
-        msg = self._message(p)
+    def _send(self, p: Plan, timeout: float = 3.0) -> bool:
+        """Hand the plan to the switcher; True once it confirms the plan is in force."""
         if self._proc is None or self._proc.poll() is not None:
-            self._start_switcher()
+            if not self._start_switcher():
+                return False
             self._sent = None
-        if msg == self._sent:
-            return
-        try:
-            self._proc.stdin.write(msg + "\n")
-            self._proc.stdin.flush()
-            self._sent = msg
-        except (BrokenPipeError, OSError) as e:
-            log.error("action=switcher-write-failed error=%r", str(e))
+        body = self._message(p)
+        if body != self._sent:
+            self._seq += 1
+            try:
+                self._proc.stdin.write(json.dumps({**body, "seq": self._seq}) + "\n")
+                self._proc.stdin.flush()
+            except (BrokenPipeError, OSError) as e:
+                log.error("action=switcher-write-failed error=%r", str(e))
+                return False
+            self._sent = body
+            with self._acks:
+                return self._acks.wait_for(lambda: self._applied >= self._seq, timeout)
+        return True
 
-    def _start_switcher(self) -> None:
+    def _start_switcher(self, timeout: float = 10.0) -> bool:
+        """Start the switcher and wait until it runs (realtime, if it may)."""
         env = dict(os.environ, COSCHED_SWITCHER_PRIORITY=str(self.switcher_priority),
                    COSCHED_HOST_ROOT=str(self.fs.root))
+        self._ready = False
         self._proc = subprocess.Popen([sys.executable, "-m", "cosched.engine.switcher"], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, text=True, env=env, bufsize=1)
         threading.Thread(target=self._read_switcher, args=(self._proc,), name="switcher-stats", daemon=True).start()
-        log.info("action=switcher-started pid=%d", self._proc.pid)
+        with self._acks:
+            ready = self._acks.wait_for(lambda: self._ready, timeout)
+        log.info("action=switcher-started pid=%d ready=%s realtime=%s", self._proc.pid, ready, self.stats.realtime)
+        return ready
 
     def _read_switcher(self, proc: subprocess.Popen) -> None:
         for line in proc.stdout:
@@ -243,11 +261,16 @@ class Engine:
                 msg = json.loads(line)
             except ValueError:
                 continue
+            if "ready" in msg or "applied" in msg:
+                with self._acks:
+                    if "ready" in msg:
+                        self.stats.realtime, self._ready = msg["realtime"], True
+                    else:
+                        self._applied = msg["applied"] or 0
+                    self._acks.notify_all()
+                continue
             with self.lock:
                 s = self.stats
-                if "ready" in msg:
-                    s.realtime = msg["realtime"]
-                    continue
                 for cell, n in msg.get("switches", {}).items():
                     s.switches[cell] = s.switches.get(cell, 0) + n
                 for ns in msg.get("latency_ns", []):

@@ -9,8 +9,9 @@ raises itself to SCHED_FIFO above every vCPU boost, so it always gets the CPU
 at a slot boundary.
 
 Protocol: the daemon writes one JSON object per line on stdin
-(``{"type": "plan", ...}`` or ``{"type": "stop"}``); the switcher writes a
-JSON stats line to stdout every 0.25 s. When stdin closes (the daemon died),
+(``{"type": "plan", "seq": n, ...}`` or ``{"type": "stop"}``); the switcher
+answers ``{"ready": ...}`` once it runs realtime, ``{"applied": n}`` once a
+plan is in force, and a JSON stats line every 0.25 s. When stdin closes (the daemon died),
 on ``stop``, SIGTERM or SIGINT, it thaws every vCPU it froze, returns every
 thread it boosted to its previous policy, takes back every RT runtime grant,
 and exits.
@@ -396,6 +397,8 @@ def main() -> int:
                                 for m in c["members"]:
                                     m["priority"] = 0
                         sw.apply(msg)
+                        out.write(json.dumps({"applied": msg.get("seq")}) + "\n")
+                        out.flush()
             deadline = sw.tick()
             if time.monotonic_ns() >= next_stats:
                 out.write(json.dumps(sw.take_stats()) + "\n")

@@ -144,8 +144,6 @@ def _stall_after(members_slots: list[int], slot: int) -> int:
 
 
 def _unfit(d: Domain, host: Host, mode: str, pool: list[int]) -> str | None:
-    if not d.vcpus:
-        return "no vCPU threads found"
     if mode == FREEZE and not all(host.freeze_file(v) for v in d.vcpus):
         return "its vCPU threads are not (yet) in libvirt's per-vCPU cgroups, which freezing needs"
     if len(d.vcpus) > len(pool):
@@ -235,7 +233,8 @@ def plan(snapshot: Snapshot, cfg: PlanConfig) -> Plan:
     pool = pool_order(host, cfg.reserved_cpus)
     by_kind: dict[str, list[Domain]] = {"gang": [], "partial": [], "boost": []}
     for d in snapshot.domains:
-        if d.policy is not None and d.error is None and d.policy.kind in by_kind:
+        # a guest without vCPU threads is starting or stopping: nothing to plan yet
+        if d.policy is not None and d.error is None and d.policy.kind in by_kind and d.vcpus:
             by_kind[d.policy.kind].append(d)
     rejected: dict[str, str] = {}
     cells = (_gang(by_kind["gang"], host, pool, cfg, rejected)

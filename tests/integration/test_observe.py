@@ -22,15 +22,25 @@ def proc_vcpu_tids(pid: int) -> dict[int, int]:
 
 
 def test_discovered_tids_equal_procs(daemon, start_guest):
-    g = start_guest("tids", vcpus=3, workload="idle", policy=guests.annotation("gang"))
+    g = start_guest("tids", vcpus=3, workload="idle", policy=guests.annotation("none"))
     dom, _ = daemon.wait(lambda: (d := daemon.domain(g.name)) and len(d["vcpus"]) == 3 and d, 10, "3 vCPUs")
     expected = proc_vcpu_tids(dom["pid"])
     assert {v["index"]: v["tid"] for v in dom["vcpus"]} == expected
-    assert dom["policy"] == "gang" and dom["error"] is None
+    assert dom["policy"] == "none" and dom["error"] is None
     assert all(v["sched"] == "other" and not v["frozen"] and v["cpus"] for v in dom["vcpus"])
     status = daemon.status()
     assert status["host"]["cgroup"] in ("unified", "hybrid")
     assert status["host"]["cpus"] == sorted(os.sched_getaffinity(0)) or len(status["host"]["cpus"]) >= 1
+
+
+def test_guest_larger_than_the_pool_is_rejected(daemon, start_guest):
+    size = len(os.sched_getaffinity(0)) + 1
+    g = start_guest("too-big", vcpus=size, workload="idle", policy=guests.annotation("gang"))
+    dom, _ = daemon.wait(lambda: (d := daemon.domain(g.name)) and d["error"] and d, 10, "rejection")
+    assert f"{size} vCPUs" in dom["error"] and not dom["managed"]
+    assert f'cosched_domain_policy_error{{domain="{g.name}"}} 1.0' in daemon.metrics()
+    assert not any(v["frozen"] for v in dom["vcpus"])
+    assert re.search(rf"domain={g.name} action=rejected", daemon.log.read_text())
 
 
 def test_guest_appears_and_disappears_within_2s(daemon, start_guest):
@@ -86,3 +96,15 @@ def test_libvirtd_restart_keeps_daemon_running_and_resyncs(daemon, start_guest):
     daemon.wait(lambda: daemon.domain(before.name) is None, 3, "guest destroyed after the restart")
     assert daemon.proc.poll() is None
     assert "action=connected" in daemon.log.read_text().split("action=disconnected", 1)[1]
+
+
+def test_vcpu_hotplug_is_discovered(daemon, start_guest):
+    g = start_guest("hotplug", vcpus=1, max_vcpus=2, workload="idle", policy=guests.annotation("gang"))
+    g.wait_for("cosched-ready")
+    dom, _ = daemon.wait(lambda: (d := daemon.domain(g.name)) and len(d["vcpus"]) == 1 and d, 5, "1 vCPU")
+    subprocess.run(["virsh", "-c", "qemu:///system", "setvcpus", g.name, "2", "--live"], check=True, capture_output=True)
+    # no libvirt event announces a vCPU hot-plug: the periodic resync (5 s) finds it
+    dom, _ = daemon.wait(lambda: (d := daemon.domain(g.name)) and len(d["vcpus"]) == 2 and d, 8, "2 vCPUs")
+    assert {v["index"]: v["tid"] for v in dom["vcpus"]} == proc_vcpu_tids(dom["pid"])
+    assert dom["managed"] and dom["error"] is None
+    assert daemon.proc.poll() is None
