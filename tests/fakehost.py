@@ -53,6 +53,7 @@ class FakeHost:
         self.write(f"{base}/cgroup", f"1:cpu:{cgroup}\n0::{cgroup}\n")
         rest = ["S"] + ["0"] * 18 + [str(1000 + tid)] + ["0"] * 17 + [str(prio), str(policy)] + ["0"] * 11
         self.write(f"{base}/stat", f"{tid} ({comm}) " + " ".join(rest) + "\n")
+        self.write(f"/proc/{tid}/stat", f"{tid} ({comm}) " + " ".join(rest) + "\n")   # threads show at /proc/TID too
         self.write(f"{base}/status", f"Name:\t{comm}\nCpus_allowed_list:\t{cpus}\n")
         self.schedstat(pid, tid, run_ns, wait_ns)
         self.write(f"{self.cg2}{cgroup}/cgroup.events", "populated 1\nfrozen 0\n")

@@ -131,8 +131,11 @@ class Engine:
         if self.dry_run or self.paused:
             return new
         self._record_originals(snap, new)
-        # rotation first, pinning second: several runnable vCPUs pinned to one
-        # CPU starve the host's own tasks (this daemon included) until frozen
+        # Several runnable vCPUs pinned to one CPU starve the host's own tasks
+        # (this daemon included), so pinning only ever exists inside a running
+        # rotation: guests leaving it get their pinning back before the
+        # switcher thaws them, guests joining are pinned once it froze them.
+        self._unpin(new)
         if self._send(new):
             self._pin(snap, new)
         else:
@@ -156,12 +159,12 @@ class Engine:
                         if value is not None:
                             k, e = jr.file_entry(path, value.strip())
                             entries[k] = e
-            if d.uuid in pinned and self.pinner is not None and not any(
-                    f"pin:{d.uuid}:{v.index}" in self.journal.entries for v in d.vcpus):
+            if d.uuid in pinned and self.pinner is not None and any(
+                    f"pin:{d.uuid}:{v.index}" not in self.journal.entries for v in d.vcpus):
                 try:
                     for index, cpumap in enumerate(self.pinner.current(d.uuid)):
                         k, e = jr.pin_entry(d.uuid, d.name, index, list(cpumap))
-                        entries[k] = e
+                        entries[k] = e              # record() keeps originals already there
                 except (LookupError, OSError, ConnectionError) as err:
                     log.warning("domain=%s action=pin-info-failed error=%r", d.name, str(err))
         self.journal.record(entries)
@@ -185,8 +188,13 @@ class Engine:
                             log.info("domain=%s vcpu=%d cpu=%d action=pinned", names.get(uuid, uuid), index, cpu)
             except (LookupError, OSError, ConnectionError) as err:
                 log.warning("domain=%s action=pin-failed error=%r", names.get(uuid, uuid), str(err))
-        # guests no longer managed get their own pinning back
-        stale = {e["uuid"] for e in self.journal.entries.values() if e["kind"] == "pin" and e["uuid"] not in by_uuid}
+
+    def _unpin(self, p: Plan) -> None:
+        """Give guests that leave pinning their own pinning back."""
+        if self.pinner is None:
+            return
+        keep = {uuid for uuid, _ in p.pins()}
+        stale = {e["uuid"] for e in self.journal.entries.values() if e["kind"] == "pin" and e["uuid"] not in keep}
         if stale:
             problems = jr.restore(self.journal, self.fs, set_policy, lambda t: thread_start(self.fs, t),
                                   self.pinner.pin, kinds=("pin",), only=lambda e: e["uuid"] in stale)

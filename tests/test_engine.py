@@ -1,0 +1,93 @@
+"""The engine against a fake host tree, with the real switcher process."""
+from cosched.actuators.journal import Journal
+from cosched.discovery import build_snapshot
+from cosched.discovery.libvirt import DomainFacts
+from cosched.engine import Engine
+from cosched.policy.presets import Presets
+
+# long slots: the fake tree's cgroup.events never says "frozen", so every switch waits out its 50 ms bound
+GANG = """<domain><metadata><cosched:policy xmlns:cosched="urn:cosched:libvirt:1" name="gang" quantum-ms="200"/>
+</metadata></domain>"""
+UUIDS = ["11111111-0000-0000-0000-00000000000" + str(i) for i in range(3)]
+
+
+class FakePinner:
+    def __init__(self, cpus=2):
+        self.maps = {}
+        self.calls = []
+        self.cpus = cpus
+
+    def current(self, uuid):
+        return [self.maps.get((uuid, i), (True,) * self.cpus) for i in range(2)]
+
+    def pin(self, uuid, vcpu, cpumap):
+        self.calls.append((uuid, vcpu, tuple(cpumap)))
+        self.maps[(uuid, vcpu)] = tuple(cpumap)
+
+
+def freeze_file(fake, i, v):
+    return fake.root / f"sys/fs/cgroup/unified/machine/qemu-1-vm{i}.libvirt-qemu/vcpu{v}/cgroup.freeze"
+
+
+def snapshot(fake, fs, n, xml=GANG):
+    facts = []
+    for i in range(n):
+        fake.qemu(100 * (i + 1), f"vm{i}", UUIDS[i], {0: 100 * (i + 1) + 1, 1: 100 * (i + 1) + 2})
+        for v in range(2):
+            freeze_file(fake, i, v).write_text("0")
+        facts.append(DomainFacts(f"vm{i}", UUIDS[i], xml))
+    return build_snapshot(fs, facts, Presets.load([]), "none")
+
+
+def test_reconcile_journals_pins_after_the_rotation_and_restores(fake, fs, tmp_path):
+    journal = Journal(str(tmp_path / "run/journal.json"))
+    pinner = FakePinner()
+    engine = Engine(fs, journal, pinner)
+    try:
+        plan = engine.reconcile(snapshot(fake, fs, 2))
+        assert [m.name for m in plan.cells[0].members] == ["vm0", "vm1"]
+        # originals journaled: freeze files, thread policies, pinning
+        kinds = sorted({e["kind"] for e in journal.entries.values()})
+        assert kinds == ["file", "pin", "sched"]
+        # the switcher confirmed the plan, then each vCPU got its own CPU
+        assert sorted(pinner.calls) == sorted([(u, 0, (True, False)) for u in UUIDS[:2]] +
+                                              [(u, 1, (False, True)) for u in UUIDS[:2]])
+        # the switcher process runs the rotation: vm0's slot first, vm1 frozen
+        assert [freeze_file(fake, i, 0).read_text() for i in range(2)] == ["0", "1"]
+        # reconcile by difference: nothing new to pin
+        pinner.calls.clear()
+        engine.reconcile(snapshot(fake, fs, 2))
+        assert pinner.calls == []
+    finally:
+        problems = engine.release()
+    assert problems == []
+    assert all(freeze_file(fake, i, v).read_text() == "0" for i in range(2) for v in range(2))
+    assert all(m == (True, True) for m in pinner.maps.values())
+    assert len(journal) == 0
+
+
+def test_guest_leaving_management_is_unpinned_and_thawed(fake, fs, tmp_path):
+    journal = Journal(str(tmp_path / "run/journal.json"))
+    pinner = FakePinner()
+    engine = Engine(fs, journal, pinner)
+    try:
+        engine.reconcile(snapshot(fake, fs, 3))
+        none = GANG.replace('name="gang"', 'name="none"')
+        snap = snapshot(fake, fs, 3)
+        facts = [DomainFacts(d.name, d.uuid, none if d.name == "vm2" else GANG) for d in snap.domains]
+        from cosched.discovery import build_snapshot as rebuild
+        engine.reconcile(rebuild(fs, facts, Presets.load([]), "none"))
+        assert pinner.maps[(UUIDS[2], 0)] == (True, True)
+        assert freeze_file(fake, 2, 0).read_text() == "0"
+        assert [m.name for m in engine.plan.cells[0].members] == ["vm0", "vm1"]
+    finally:
+        engine.release()
+
+
+def test_dry_run_writes_nothing(fake, fs, tmp_path):
+    journal = Journal(str(tmp_path / "run/journal.json"))
+    pinner = FakePinner()
+    engine = Engine(fs, journal, pinner, dry_run=True)
+    plan = engine.reconcile(snapshot(fake, fs, 2))
+    assert plan.cells and pinner.calls == [] and len(journal) == 0
+    assert engine._proc is None
