@@ -38,3 +38,12 @@ def test_bad_config_names_the_key(tmp_path, text, needle):
 def test_missing_file_is_an_error(tmp_path):
     with pytest.raises(ConfigError, match="No such file"):
         load(str(tmp_path / "nope.toml"))
+
+
+def test_deploy_example_is_valid_and_lists_every_key():
+    from dataclasses import fields
+    from pathlib import Path
+    example = Path(__file__).resolve().parents[1] / "deploy" / "cosched.toml"
+    assert load(str(example)) == Config()           # the example shows the defaults
+    text = example.read_text()
+    assert all(f"\n{f.name} = " in text for f in fields(Config))

@@ -180,6 +180,28 @@ def test_sigkill_then_reset_restores_the_host(trio, tmp_path):
     assert again.returncode == 0, "reset is idempotent"
 
 
+def test_daemon_restarted_after_a_crash_restores_first(trio, tmp_path):
+    gs, _ = trio
+    for g in gs:
+        set_policy(g.name, '<policy name="gang"/>')
+    before = host_state(NAMES)
+    daemon = DaemonProcess(tmp_path)
+    daemon.start()
+    try:
+        wait_gang(daemon, 3)
+    finally:
+        os.killpg(os.getpgid(daemon.proc.pid), signal.SIGKILL)
+        daemon.proc.wait()
+    for g in gs:
+        set_policy(g.name, '<policy name="none"/>')
+    daemon.start()                                    # same state directory and journal
+    try:
+        assert "action=recover" in daemon.log.read_text()
+        assert host_state(NAMES) == before
+    finally:
+        assert daemon.stop() == 0
+
+
 def test_dry_run_plans_but_changes_nothing(trio, tmp_path):
     gs, _ = trio
     for g in gs:
