@@ -6,7 +6,7 @@ resync (never mutated), so readers in other threads need no lock.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Mapping
 
 

@@ -3,7 +3,6 @@ import sys
 import zipfile
 from pathlib import Path
 
-import pytest
 
 from cosched.cli import main, render
 

@@ -1,5 +1,4 @@
 """The planner on synthetic hosts from 2 to 256 CPUs."""
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -3,7 +3,6 @@ import errno
 import json
 import os
 
-import pytest
 
 from cosched.actuators import journal as jr
 from cosched.engine.switcher import Switcher

@@ -25,7 +25,6 @@ a plan was inconsistent) is force-thawed and counted.
 """
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
@@ -38,7 +37,7 @@ from typing import Callable
 
 from cosched.actuators.freezer import set_frozen, wait_frozen
 from cosched.actuators.journal import GONE
-from cosched.actuators.sched import read_runtime, set_policy
+from cosched.actuators.sched import set_policy
 from cosched.hostfs import HostFS
 
 log = logging.getLogger("cosched.switcher")

@@ -51,6 +51,23 @@ def host_state(names) -> dict:
     return state
 
 
+def annotate_all(gs, xml: str = '<policy name="gang"/>') -> dict:
+    """Give every guest the same annotation; return the host state before any daemon acts on it."""
+    for g in gs:
+        set_policy(g.name, xml)
+    return host_state(NAMES)
+
+
+def crash_while_rotating(daemon: DaemonProcess) -> None:
+    """Start the daemon, wait for a gang rotation, then SIGKILL daemon and switcher at once."""
+    daemon.start()
+    try:
+        wait_gang(daemon, 3)
+    finally:
+        os.killpg(os.getpgid(daemon.proc.pid), signal.SIGKILL)
+        daemon.proc.wait()
+
+
 def throughputs(gs, seconds: float) -> dict[str, float]:
     since = {g.name: g.results()[-1]["t_ms"] for g in gs}
     time.sleep(seconds)
@@ -126,8 +143,7 @@ def test_gang_beats_cfs_never_overlaps_and_restores(trio, tmp_path):
     try:
         cfs = throughputs(gs, MEASURE)
         console_mark = {g.name: len(g.console()) for g in gs}
-        for g in gs:
-            set_policy(g.name, '<policy name="gang"/>')
+        annotate_all(gs)
         wait_gang(daemon, 3)
         gang = throughputs(gs, MEASURE)
         # sampled apart from the throughput window: the sampler itself needs CPU
@@ -159,16 +175,9 @@ def test_gang_beats_cfs_never_overlaps_and_restores(trio, tmp_path):
 
 def test_sigkill_then_reset_restores_the_host(trio, tmp_path):
     gs, _ = trio
-    before = host_state(NAMES)
-    for g in gs:
-        set_policy(g.name, '<policy name="gang"/>')
+    before = annotate_all(gs)
     daemon = DaemonProcess(tmp_path)
-    daemon.start()
-    try:
-        wait_gang(daemon, 3)
-    finally:
-        os.killpg(os.getpgid(daemon.proc.pid), signal.SIGKILL)   # daemon and switcher at once
-        daemon.proc.wait()
+    crash_while_rotating(daemon)
     dirty = host_state(NAMES)
     assert dirty != before, "the daemon had changed nothing before it was killed"
     reset = subprocess.run([sys.executable, "-m", "cosched", "reset", "--config", str(daemon.config)],
@@ -182,18 +191,10 @@ def test_sigkill_then_reset_restores_the_host(trio, tmp_path):
 
 def test_daemon_restarted_after_a_crash_restores_first(trio, tmp_path):
     gs, _ = trio
-    for g in gs:
-        set_policy(g.name, '<policy name="gang"/>')
-    before = host_state(NAMES)
+    before = annotate_all(gs)
     daemon = DaemonProcess(tmp_path)
-    daemon.start()
-    try:
-        wait_gang(daemon, 3)
-    finally:
-        os.killpg(os.getpgid(daemon.proc.pid), signal.SIGKILL)
-        daemon.proc.wait()
-    for g in gs:
-        set_policy(g.name, '<policy name="none"/>')
+    crash_while_rotating(daemon)
+    annotate_all(gs, '<policy name="none"/>')
     daemon.start()                                    # same state directory and journal
     try:
         assert "action=recover" in daemon.log.read_text()
@@ -204,9 +205,7 @@ def test_daemon_restarted_after_a_crash_restores_first(trio, tmp_path):
 
 def test_dry_run_plans_but_changes_nothing(trio, tmp_path):
     gs, _ = trio
-    for g in gs:
-        set_policy(g.name, '<policy name="gang"/>')
-    before = host_state(NAMES)
+    before = annotate_all(gs)
     daemon = DaemonProcess(tmp_path).start("--dry-run")
     try:
         status, _ = daemon.wait(lambda: (s := daemon.status()) and s["daemon"]["engine"]["cells"] and s, 10, "a plan")
@@ -221,9 +220,7 @@ def test_dry_run_plans_but_changes_nothing(trio, tmp_path):
 
 def test_reset_with_a_running_daemon_restores_and_pauses(trio, tmp_path):
     gs, _ = trio
-    for g in gs:
-        set_policy(g.name, '<policy name="gang"/>')
-    before = host_state(NAMES)
+    before = annotate_all(gs)
     daemon = DaemonProcess(tmp_path).start()
     try:
         wait_gang(daemon, 3)
@@ -243,8 +240,7 @@ def test_reset_with_a_running_daemon_restores_and_pauses(trio, tmp_path):
 def test_guest_destroyed_mid_slot_is_harmless(trio, tmp_path):
     """Runs last: it destroys one of the module's guests."""
     gs, _ = trio
-    for g in gs:
-        set_policy(g.name, '<policy name="gang" quantum-ms="100"/>')
+    annotate_all(gs, '<policy name="gang" quantum-ms="100"/>')
     daemon = DaemonProcess(tmp_path).start()
     try:
         wait_gang(daemon, 3, switches=5)
