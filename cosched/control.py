@@ -23,6 +23,7 @@ class ControlServer:
         self.sock: socket.socket | None = None
 
     def start(self) -> None:
+        """Claim the socket: fails if another daemon answers on it."""
         os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
         if os.path.exists(self.path):
             if _answers(self.path):
@@ -37,6 +38,9 @@ class ControlServer:
         os.chmod(self.path, 0o600)
         sock.listen(8)
         self.sock = sock
+
+    def serve(self) -> None:
+        """Start answering (requests made since :meth:`start` wait in the backlog)."""
         threading.Thread(target=self._serve, name="control", daemon=True).start()
 
     def _serve(self) -> None:

@@ -244,8 +244,9 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stop.set())
         self.source.ensure_connected()
-        self.engine.recover()
+        self.engine.recover()          # undo a crashed predecessor before anything else
         self.resync()
+        self.control.serve()
         threads = [
             threading.Thread(target=self._discovery_loop, name="discovery", daemon=True),
             threading.Thread(target=self.sampler.run, args=(self.stop,), name="sampler", daemon=True),
