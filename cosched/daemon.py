@@ -3,8 +3,8 @@
 Threads: ``libvirt-events`` (libvirt's event loop), ``discovery`` (resync on
 events, on a vanished vCPU, and every ``resync_interval_s``), ``sampler``
 (schedstat every ``sample_interval_ms``), the metrics HTTP server and the
-control socket. The main thread waits for SIGTERM/SIGINT, then stops them all
-and exits 0.
+control socket. The main thread waits for SIGTERM/SIGINT, then restores the host, stops
+them all and exits 0. SIGHUP re-reads the preset files.
 """
 from __future__ import annotations
 
@@ -81,6 +81,7 @@ class Daemon:
             log.warning("action=preset-invalid error=%r", e)
         self.stop = threading.Event()
         self.wake = threading.Event()
+        self._reload = threading.Event()
         self.snapshot: Snapshot | None = None
         self._facts: list = []
         self.source = LibvirtSource(config.connect, self.wake.set)
@@ -112,6 +113,14 @@ class Daemon:
         with self.engine.lock:
             return dict(self.engine.stats.costop)
 
+    def reload_presets(self) -> None:
+        """SIGHUP: read the preset files again; guests keep being managed throughout."""
+        self.presets = Presets.load(list(self.config.presets_dirs))
+        log.info("action=presets-reloaded presets=%s errors=%d", ",".join(sorted(self.presets.by_name)),
+                 len(self.presets.errors))
+        for e in self.presets.errors:
+            log.warning("action=preset-invalid error=%r", e)
+
     def _settling(self) -> bool:
         """A guest's vCPU threads are not in their own cgroups yet (QEMU just started)."""
         snap = self.snapshot
@@ -127,6 +136,9 @@ class Daemon:
                 return
             self.wake.clear()
             try:
+                if self._reload.is_set():
+                    self._reload.clear()
+                    self.reload_presets()
                 self.resync()
             except Exception:
                 log.exception("action=resync-failed")
@@ -243,6 +255,7 @@ class Daemon:
             return 1
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stop.set())
+        signal.signal(signal.SIGHUP, lambda *_: (self._reload.set(), self.wake.set()))
         self.source.ensure_connected()
         self.engine.recover()          # undo a crashed predecessor before anything else
         self.resync()

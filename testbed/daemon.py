@@ -19,12 +19,14 @@ class DaemonProcess:
     """``cosched daemon`` as a subprocess with its own configuration, state
     directory (``TMP/state``, or the default ``/run/cosched``) and port."""
 
-    def __init__(self, tmp: Path, extra_config: str = "", state_dir: str | None = None, port: int | None = None):
+    def __init__(self, tmp: Path, extra_config: str = "", state_dir: str | None = None, port: int | None = None,
+                 presets_dirs: tuple[str, ...] = ()):
         self.tmp = Path(tmp)
         self.port = port or free_port()
         self.state_dir = state_dir or f"{tmp}/state"
         self.config = self.tmp / "cosched.toml"
-        self.config.write_text(f'state_dir = "{self.state_dir}"\npresets_dirs = []\n{extra_config}')
+        dirs = ", ".join(f'"{d}"' for d in presets_dirs)
+        self.config.write_text(f'state_dir = "{self.state_dir}"\npresets_dirs = [{dirs}]\n{extra_config}')
         self.log = self.tmp / "daemon.log"
         self.proc: subprocess.Popen | None = None
 

@@ -108,3 +108,4 @@ def test_vcpu_hotplug_is_discovered(daemon, start_guest):
     assert {v["index"]: v["tid"] for v in dom["vcpus"]} == proc_vcpu_tids(dom["pid"])
     assert dom["managed"] and dom["error"] is None
     assert daemon.proc.poll() is None
+
