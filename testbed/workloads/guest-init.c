@@ -2,23 +2,35 @@
  * /init of the cosched test guest: runs one multi-threaded workload and
  * reports on the serial console.
  *
- * The kernel passes everything after "--" on its command line to init as
+ * The kernel passes the words after "--" on its command line to init as
  * argv, so a guest is told what to run by its domain XML:
  *
  *     <cmdline>console=ttyS0 quiet -- barrier threads=2 chunk=20000</cmdline>
  *
- * Workloads (argv[1]):
- *   barrier  threads compute `chunk` LCG steps, then meet at a spin barrier;
- *            one iteration = one barrier crossing by every thread.
- *   idle     threads sleep; the guest only keeps its kernel running.
+ * Workloads (argv[1]); each worker thread is pinned to its own vCPU:
+ *   barrier   compute `chunk` LCG steps, then meet at a spin barrier;
+ *             iters = barrier crossings.
+ *   deadline  compute chunks of `chunk_ms` against a shared progress table;
+ *             a chunk is missed when its thread finishes it while a sibling
+ *             has not finished the previous one (the threads fell out of step);
+ *             iters = chunks, missed = missed chunks.
+ *   spinlock  take one test-and-test-and-set spinlock around `cs` LCG steps,
+ *             with `chunk` steps outside it; iters = acquisitions.
+ *   lu        blocked LU factorisation of an n x n matrix (block b) with a
+ *             spin barrier after each phase of each step; iters = factorisations.
+ *   ep        independent `chunk`-step loops, no sharing; iters = chunks.
+ *   blocking  `chunk` steps, then sleep `sleep_us`: vCPUs are often idle;
+ *             iters = chunks.
+ *   pingpong  two threads pass a token through a pipe; iters = round trips.
+ *   idle      threads sleep; the guest only keeps its kernel running.
  *
- * Every `interval_ms` the first thread prints one line that the host parses:
+ * Every `interval_ms` the main thread prints one line that the host parses:
  *
- *     cosched-result workload=barrier t_ms=<guest monotonic ms> iters=<total>
+ *     cosched-result workload=NAME t_ms=<guest monotonic ms> iters=<total> [missed=<total>]
  *
- * `iters` is cumulative, so a reader can take any two lines and divide.
- * Init must never exit (the kernel would panic), so it sleeps forever when
- * the workload is unknown.
+ * Counters are cumulative, so a reader can take any two lines and divide.
+ * Init must never exit (the kernel would panic): it sleeps forever when the
+ * workload is unknown.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -30,16 +42,25 @@
 #include <time.h>
 #include <unistd.h>
 
-static long opt_threads;          /* 0: one per online vCPU */
-static long opt_chunk = 20000;    /* LCG steps between barriers */
-static long opt_interval_ms = 1000;
+#define MAX_THREADS 64
 
+static long opt_threads;          /* 0: one per online vCPU */
+static long opt_chunk = 20000;    /* LCG steps per unit of work */
+static long opt_interval_ms = 1000;
+static long opt_chunk_ms = 100;   /* deadline: chunk length */
+static long opt_cs = 200;         /* spinlock: critical section steps */
+static long opt_sleep_us = 2000;  /* blocking: sleep between chunks */
+static long opt_n = 128;          /* lu: matrix size */
+static long opt_b = 16;           /* lu: block size */
+
+/* per-thread counters, one cache line each */
+static struct { volatile uint64_t iters, missed; char pad[48]; } count[MAX_THREADS];
 static volatile uint64_t sink;
 
-static uint64_t now_ms(void) {
+static uint64_t now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    return (uint64_t)ts.tv_sec * 1000000000ull + ts.tv_nsec;
 }
 
 static void compute(long steps) {
@@ -50,11 +71,7 @@ static void compute(long steps) {
 }
 
 /* Sense-reversing centralized spin barrier: the spinning is the point. */
-static struct {
-    long count;
-    long waiting;
-    int sense;
-} bar;
+static struct { long count, waiting; int sense; } bar;
 
 static void barrier_wait(int *local_sense) {
     *local_sense = !*local_sense;
@@ -77,20 +94,160 @@ static void pin_self(long cpu) {
 static void *barrier_thread(void *arg) {
     long id = (long)arg;
     int sense = 0;
-    uint64_t iters = 0, next = now_ms() + opt_interval_ms;
-    pin_self(id);
     for (;;) {
         compute(opt_chunk);
         barrier_wait(&sense);
-        iters++;
-        if (id == 0 && now_ms() >= next) {
-            uint64_t t = now_ms();
-            printf("cosched-result workload=barrier t_ms=%llu iters=%llu\n",
-                   (unsigned long long)t, (unsigned long long)iters);
-            fflush(stdout);
-            next = t + opt_interval_ms;
+        count[id].iters++;
+    }
+    return NULL;
+}
+
+/* deadline: steps per chunk calibrated once, so a chunk takes chunk_ms when the vCPU runs */
+static long deadline_steps;
+static volatile uint64_t progress[MAX_THREADS];
+
+static void *deadline_thread(void *arg) {
+    long id = (long)arg;
+    for (uint64_t k = 1;; k++) {
+        compute(deadline_steps);
+        __atomic_store_n(&progress[id], k, __ATOMIC_RELEASE);
+        for (long t = 0; t < opt_threads; t++)
+            if (t != id && __atomic_load_n(&progress[t], __ATOMIC_ACQUIRE) + 1 < k) {
+                count[id].missed++;
+                break;
+            }
+        count[id].iters++;
+    }
+    return NULL;
+}
+
+static volatile int lock;
+
+static void *spinlock_thread(void *arg) {
+    long id = (long)arg;
+    for (;;) {
+        while (__atomic_exchange_n(&lock, 1, __ATOMIC_ACQUIRE))
+            while (__atomic_load_n(&lock, __ATOMIC_RELAXED))
+                __builtin_ia32_pause();
+        compute(opt_cs);
+        __atomic_store_n(&lock, 0, __ATOMIC_RELEASE);
+        count[id].iters++;
+        compute(opt_chunk);
+    }
+    return NULL;
+}
+
+static double *mat;
+
+static void lu_init(void) {
+    long n = opt_n;
+    for (long i = 0; i < n; i++)
+        for (long j = 0; j < n; j++)
+            mat[i * n + j] = (i == j) ? n + 1.0 : 1.0 / (1.0 + i + j);
+}
+
+/* a -= l * u on b x b blocks at (bi, bj), (bi, bk), (bk, bj) */
+static void lu_update(long bi, long bj, long bk) {
+    long n = opt_n, b = opt_b;
+    for (long i = bi * b; i < (bi + 1) * b; i++)
+        for (long k = bk * b; k < (bk + 1) * b; k++) {
+            double l = mat[i * n + k];
+            for (long j = bj * b; j < (bj + 1) * b; j++)
+                mat[i * n + j] -= l * mat[k * n + j];
+        }
+}
+
+static void lu_diag(long bk) {
+    long n = opt_n, b = opt_b, lo = bk * b, hi = lo + b;
+    for (long k = lo; k < hi; k++)
+        for (long i = k + 1; i < hi; i++) {
+            mat[i * n + k] /= mat[k * n + k];
+            for (long j = k + 1; j < hi; j++)
+                mat[i * n + j] -= mat[i * n + k] * mat[k * n + j];
+        }
+}
+
+static void lu_perimeter(long bi, long bk, int column) {
+    /* column blocks (bi, bk): L part; row blocks (bk, bi): U part */
+    long n = opt_n, b = opt_b, lo = bk * b;
+    for (long k = lo; k < lo + b; k++)
+        for (long r = 0; r < b; r++) {
+            if (column) {
+                long i = bi * b + r;
+                mat[i * n + k] /= mat[k * n + k];
+                for (long j = k + 1; j < lo + b; j++)
+                    mat[i * n + j] -= mat[i * n + k] * mat[k * n + j];
+            } else {
+                long j = bi * b + r;
+                for (long i = k + 1; i < lo + b; i++)
+                    mat[i * n + j] -= mat[i * n + k] * mat[k * n + j];
+            }
+        }
+}
+
+static void *lu_thread(void *arg) {
+    long id = (long)arg, nb = opt_n / opt_b, p = opt_threads;
+    int sense = 0;
+    for (;;) {
+        if (id == 0)
+            lu_init();
+        barrier_wait(&sense);
+        for (long k = 0; k < nb; k++) {
+            if (id == 0)
+                lu_diag(k);
+            barrier_wait(&sense);
+            for (long i = k + 1 + id; i < nb; i += p) {
+                lu_perimeter(i, k, 1);
+                lu_perimeter(i, k, 0);
+            }
+            barrier_wait(&sense);
+            for (long t = id; t < (nb - k - 1) * (nb - k - 1); t += p)
+                lu_update(k + 1 + t / (nb - k - 1), k + 1 + t % (nb - k - 1), k);
+            barrier_wait(&sense);
+        }
+        if (id == 0)
+            count[0].iters++;
+    }
+    return NULL;
+}
+
+static void *ep_thread(void *arg) {
+    long id = (long)arg;
+    for (;;) {
+        compute(opt_chunk);
+        count[id].iters++;
+    }
+    return NULL;
+}
+
+static void *blocking_thread(void *arg) {
+    long id = (long)arg;
+    struct timespec ts = {opt_sleep_us / 1000000, (opt_sleep_us % 1000000) * 1000};
+    for (;;) {
+        compute(opt_chunk);
+        nanosleep(&ts, NULL);
+        count[id].iters++;
+    }
+    return NULL;
+}
+
+static int ping[2], pong[2];
+
+static void *pingpong_thread(void *arg) {
+    long id = (long)arg;
+    char c = 0;
+    for (;;) {
+        if (id == 0) {
+            if (write(ping[1], &c, 1) != 1 || read(pong[0], &c, 1) != 1)
+                break;
+            count[0].iters++;
+        } else {
+            if (read(ping[0], &c, 1) != 1 || write(pong[1], &c, 1) != 1)
+                break;
         }
     }
+    for (;;)
+        sleep(3600);
     return NULL;
 }
 
@@ -108,9 +265,25 @@ static long online_cpus(void) {
     return CPU_COUNT(&set);
 }
 
+struct workload { const char *name; void *(*fn)(void *); int reports_missed; };
+
+static const struct workload workloads[] = {
+    {"barrier", barrier_thread, 0}, {"deadline", deadline_thread, 1}, {"spinlock", spinlock_thread, 0},
+    {"lu", lu_thread, 0}, {"ep", ep_thread, 0}, {"blocking", blocking_thread, 0},
+    {"pingpong", pingpong_thread, 0}, {"idle", idle_thread, 0},
+};
+
+struct start { const struct workload *w; long id; };
+
+static void *start_worker(void *arg) {
+    struct start *s = arg;
+    pin_self(s->id);
+    return s->w->fn((void *)s->id);
+}
+
 int main(int argc, char **argv) {
-    const char *workload = argc > 1 ? argv[1] : "barrier";
-    void *(*fn)(void *) = NULL;
+    const char *name = argc > 1 ? argv[1] : "barrier";
+    const struct workload *w = NULL;
     setvbuf(stdout, NULL, _IOLBF, 0);
     for (int i = 2; i < argc; i++) {
         char *eq = strchr(argv[i], '=');
@@ -119,21 +292,59 @@ int main(int argc, char **argv) {
         if (!strncmp(argv[i], "threads=", 8)) opt_threads = v;
         else if (!strncmp(argv[i], "chunk=", 6)) opt_chunk = v;
         else if (!strncmp(argv[i], "interval_ms=", 12)) opt_interval_ms = v;
+        else if (!strncmp(argv[i], "chunk_ms=", 9)) opt_chunk_ms = v;
+        else if (!strncmp(argv[i], "cs=", 3)) opt_cs = v;
+        else if (!strncmp(argv[i], "sleep_us=", 9)) opt_sleep_us = v;
+        else if (!strncmp(argv[i], "n=", 2)) opt_n = v;
+        else if (!strncmp(argv[i], "b=", 2)) opt_b = v;
+    }
+    for (size_t i = 0; i < sizeof workloads / sizeof *workloads; i++)
+        if (!strcmp(name, workloads[i].name))
+            w = &workloads[i];
+    if (!w) {
+        printf("cosched-error unknown workload=%s\n", name);
+        for (;;) sleep(3600);
     }
     if (opt_threads <= 0)
         opt_threads = online_cpus();
-    if (!strcmp(workload, "barrier")) fn = barrier_thread;
-    else if (!strcmp(workload, "idle")) fn = idle_thread;
-    if (!fn) {
-        printf("cosched-error unknown workload=%s\n", workload);
-        for (;;) sleep(3600);
-    }
+    if (opt_threads > MAX_THREADS)
+        opt_threads = MAX_THREADS;
+    if (!strcmp(name, "pingpong"))
+        opt_threads = 2;
+    if (opt_b <= 0 || opt_n % opt_b)
+        opt_b = 16, opt_n = 128;
     bar.count = opt_threads;
-    printf("cosched-ready workload=%s threads=%ld chunk=%ld\n",
-           workload, opt_threads, opt_chunk);
+    if (!strcmp(name, "deadline")) {
+        uint64_t t0 = now_ns();
+        compute(1000000);
+        uint64_t per_ms = 1000000ull * 1000000ull / (now_ns() - t0 + 1);
+        deadline_steps = (long)(per_ms * opt_chunk_ms);
+    }
+    if (!strcmp(name, "lu"))
+        mat = malloc(sizeof(double) * opt_n * opt_n);
+    if (pipe(ping) || pipe(pong))
+        return 1;
+    printf("cosched-ready workload=%s threads=%ld chunk=%ld\n", name, opt_threads, opt_chunk);
+    static struct start starts[MAX_THREADS];
     pthread_t tid;
-    for (long i = 1; i < opt_threads; i++)
-        pthread_create(&tid, NULL, fn, (void *)i);
-    fn((void *)0);
-    return 0;
+    for (long i = 0; i < opt_threads; i++) {
+        starts[i] = (struct start){w, i};
+        pthread_create(&tid, NULL, start_worker, &starts[i]);
+    }
+    struct timespec ts = {opt_interval_ms / 1000, (opt_interval_ms % 1000) * 1000000};
+    for (;;) {
+        nanosleep(&ts, NULL);
+        uint64_t iters = 0, missed = 0;
+        for (long i = 0; i < opt_threads; i++) {
+            iters += count[i].iters;
+            missed += count[i].missed;
+        }
+        if (w->reports_missed)
+            printf("cosched-result workload=%s t_ms=%llu iters=%llu missed=%llu\n", name,
+                   (unsigned long long)(now_ns() / 1000000), (unsigned long long)iters,
+                   (unsigned long long)missed);
+        else
+            printf("cosched-result workload=%s t_ms=%llu iters=%llu\n", name,
+                   (unsigned long long)(now_ns() / 1000000), (unsigned long long)iters);
+    }
 }
