@@ -49,6 +49,8 @@ def test_hazard_high_when_overcommitted_low_alone(daemon, start_guest):
 
     running = {n: h for n, (h, run) in crowded.items() if run >= RUNS}
     assert running, f"no guest got {RUNS:.0%} of a CPU: {crowded}"
+    # how much depends on whether the host scheduler happens to run a guest's
+    # two vCPUs on both CPUs at once (observed 0.13 to 0.67); never near alone
     for name, frac in running.items():
-        assert frac > 0.15, f"{name}: hazard fraction {frac:.3f} with 6 busy vCPUs on 2 CPUs"
-        assert frac > 3 * alone, f"{name}: crowded {frac:.3f} not clearly above alone {alone:.3f}"
+        assert frac > 0.08, f"{name}: hazard fraction {frac:.3f} with 6 busy vCPUs on 2 CPUs"
+        assert frac > 4 * alone, f"{name}: crowded {frac:.3f} not clearly above alone {alone:.3f}"
