@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 APT_PACKAGES := qemu-system-x86 libvirt-daemon-system libvirt-clients libvirt-dev \
                 pkg-config gcc libc6-dev python3-venv python3-dev curl
 
-.PHONY: deps venv image services test unit integration demo clean
+.PHONY: deps venv image services test unit integration demo bench clean
 
 deps:
 	@missing=$$(for p in $(APT_PACKAGES); do \
@@ -42,6 +42,9 @@ test: image services
 
 demo: image services
 	$(PY) -m testbed.demo
+
+bench: image services
+	$(PY) -m benchmarks.coschedule
 
 clean:
 	rm -rf $(VENV) build *.egg-info
