@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 APT_PACKAGES := qemu-system-x86 libvirt-daemon-system libvirt-clients libvirt-dev \
-                pkg-config gcc libc6-dev python3-venv python3-dev curl
+                pkg-config gcc libc6-dev python3-venv python3-dev
 
 .PHONY: deps venv image services test unit integration demo bench clean
 
