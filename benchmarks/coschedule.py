@@ -31,6 +31,7 @@ from pathlib import Path
 
 import psutil
 
+from benchmarks.stats import jain, of_ideal
 from testbed import guests, image, services
 from testbed.daemon import DaemonProcess
 
@@ -59,11 +60,6 @@ def quantile(q: float, before: list, after: list) -> float | None:
             return prev_le + (le - prev_le) * (rank - prev_c) / max(c - prev_c, 1e-12)
         prev_le, prev_c = le, c
     return prev_le
-
-
-def jain(values: list[float]) -> float:
-    """Jain's fairness index: 1 when all equal, 1/n when one gets everything."""
-    return sum(values) ** 2 / (len(values) * sum(v * v for v in values)) if any(values) else 0.0
 
 
 def cpu_seconds(pid: int) -> float:
@@ -132,7 +128,7 @@ def run(args) -> dict:
             print(f"measuring {mode} ...", flush=True)
             r = measure(daemon, gs, args.seconds)
             total = sum(r["throughput"].values())
-            r.update(total=total, of_ideal=total / ideal if ideal else 0.0, jain=jain(list(r["throughput"].values())),
+            r.update(total=total, of_ideal=of_ideal(total, ideal), jain=jain(list(r["throughput"].values())),
                      shares={n: v / total if total else 0.0 for n, v in r["throughput"].items()})
             r["notes"] = [c["note"] for c in daemon.status()["daemon"]["engine"]["cells"] if c.get("note")]
             modes[mode] = r

@@ -1,0 +1,64 @@
+"""Benchmark statistics and the exact, trace-based hazard."""
+import pytest
+
+from benchmarks.coschedule import quantile
+from benchmarks.stats import RUNNABLE, RUNNING, SLEEPING, Event, cdf, jain, of_ideal, timelines, trace_figures
+from cosched.sampler.estimate import estimate, hazard_bounds
+
+
+def test_jain():
+    assert jain([5, 5, 5]) == pytest.approx(1.0)
+    assert jain([9, 0, 0]) == pytest.approx(1 / 3)
+    assert jain([0, 0]) == 0.0
+
+
+def test_cdf_and_ideal():
+    assert cdf([3, 1, 2, 2]) == [(1, 0.25), (2, 0.75), (3, 1.0)]
+    assert of_ideal(45, 50) == 0.9 and of_ideal(1, 0) == 0.0
+
+
+def test_histogram_quantile_interpolates_like_prometheus():
+    after = [(0.001, 50.0), (0.002, 100.0), (float("inf"), 100.0)]
+    assert quantile(0.5, [], after) == pytest.approx(0.001)
+    assert quantile(0.75, [], after) == pytest.approx(0.0015)
+    before = [(0.001, 50.0), (0.002, 50.0), (float("inf"), 50.0)]
+    assert quantile(0.5, before, after) == pytest.approx(0.0015)   # only the increase counts
+
+
+def synthetic():
+    # two vCPUs over 10 ms: vcpu 1 runs 0-6, vcpu 2 waits 0-4, runs 4-10; vcpu 1 sleeps 6-10
+    events = [Event(4e-3, 2, "in"), Event(6e-3, 1, "out-sleep")]
+    return timelines(events, {1: RUNNING, 2: RUNNABLE}, 0.0, 10e-3)
+
+
+def test_timelines_cover_the_window():
+    lines = synthetic()
+    assert lines[1] == [(0.0, 6e-3, RUNNING), (6e-3, 10e-3, SLEEPING)]
+    assert lines[2] == [(0.0, 4e-3, RUNNABLE), (4e-3, 10e-3, RUNNING)]
+
+
+def test_exact_hazard_and_partial_from_trace():
+    f = trace_figures(synthetic())
+    assert f["hazard"] == pytest.approx(4e-3)       # 0-4: one runs, one waits
+    assert f["partial"] == pytest.approx(0.0)
+    assert f["run"] == {1: pytest.approx(6e-3), 2: pytest.approx(6e-3)}
+    assert f["wait"] == {1: 0.0, 2: pytest.approx(4e-3)}
+
+
+def test_partial_contention_when_nobody_runs():
+    lines = timelines([Event(5e-3, 1, "in")], {1: RUNNABLE, 2: SLEEPING}, 0.0, 10e-3)
+    f = trace_figures(lines)
+    assert f["partial"] == pytest.approx(5e-3) and f["hazard"] == 0.0
+
+
+def test_wakeup_of_running_thread_is_ignored():
+    lines = timelines([Event(1e-3, 1, "wakeup")], {1: RUNNING}, 0.0, 2e-3)
+    assert lines[1] == [(0.0, 2e-3, RUNNING)]
+
+
+def test_window_estimate_lies_within_bounds_of_the_exact_value():
+    f = trace_figures(synthetic())
+    placed = [(f["run"][1], f["wait"][1]), (f["run"][2], f["wait"][2])]
+    lo, hi = hazard_bounds(10e-3, placed)
+    assert lo <= f["hazard"] <= hi
+    assert lo <= estimate(10e-3, placed).hazard <= hi
