@@ -13,10 +13,6 @@ import time
 from cosched.hostfs import HostFS
 
 
-def freeze_path(cgroup2_mount: str, cgroup: str) -> str:
-    return f"{cgroup2_mount}{cgroup}/cgroup.freeze"
-
-
 def set_frozen(fs: HostFS, path: str, frozen: bool) -> None:
     """Write ``cgroup.freeze``; OSError (ENOENT when the vCPU is gone) propagates."""
     fs.write(path, "1" if frozen else "0")

@@ -155,15 +155,11 @@ class Switcher:
                     wanted[c[-1]] = m.rt_vcpu_us
                     for p in c:
                         owner[p] = cell
-        current = {p: int(self.fs.read_or(p, "0") or 0) for p in set(wanted) | set(self.rt_originals)}
-        shrink = sorted((p for p in current if wanted.get(p, int(self.rt_originals.get(p, "0") or 0)) < current[p]),
-                        key=lambda p: -p.count("/"))
-        for p in shrink:
+        self._restore_rt([p for p in self.rt_originals if p not in wanted])
+        current = {p: int(self.fs.read_or(p, "0") or 0) for p in wanted}
+        for p in sorted((p for p in wanted if wanted[p] < current[p]), key=lambda p: -p.count("/")):
             try:
-                if p in wanted:
-                    self._rt_write(p, wanted[p])
-                else:
-                    self.fs.write(p, self.rt_originals.pop(p))
+                self._rt_write(p, wanted[p])
             except OSError as e:
                 if e.errno not in GONE:
                     self._error(f"rt runtime {p}: {os.strerror(e.errno)}")
@@ -211,23 +207,22 @@ class Switcher:
         for k in m.keys():
             self._unboost(k)
 
-    def _revoke(self, chains) -> None:
-        """Give back RT runtime below the top, deepest first."""
-        paths = sorted({p for c in chains for p in c[1:]}, key=lambda p: -p.count("/"))
-        for p in paths:
-            if p in self.rt_originals:
-                try:
-                    self.fs.write(p, self.rt_originals.pop(p))
-                except OSError as e:
-                    if e.errno not in GONE:
-                        self._error(f"rt revoke {p}: {os.strerror(e.errno)}")
+    def _restore_rt(self, paths) -> None:
+        """Put RT runtime files back to their originals, deepest first (a parent
+        cannot hold less than its children)."""
+        for p in sorted({p for p in paths if p in self.rt_originals}, key=lambda p: -p.count("/")):
+            try:
+                self.fs.write(p, self.rt_originals.pop(p))
+            except OSError as e:
+                if e.errno not in GONE:
+                    self._error(f"rt runtime restore {p}: {os.strerror(e.errno)}")
 
     def _release(self, keys: list, now: int) -> None:
         """Thaw and unboost these vCPUs, then take back their RT runtime, and forget them."""
         for k in keys:
             self._freeze(k, False, now)
             self._unboost(k)
-        self._revoke([self.vinfo[k].get("rt_chain", ()) for k in keys])
+        self._restore_rt([p for k in keys for p in self.vinfo[k].get("rt_chain", ())[1:]])   # the top stays
         for k in keys:
             self.vstate.pop(k, None)
             self.vinfo.pop(k, None)
@@ -333,13 +328,7 @@ class Switcher:
 
     def release_all(self) -> None:
         self._release(list(self.vinfo), self.clock())
-        for path in sorted(self.rt_originals, key=lambda p: -p.count("/")):
-            try:
-                self.fs.write(path, self.rt_originals[path])
-            except OSError as e:
-                if e.errno not in GONE:
-                    self._error(f"rt restore {path}: {os.strerror(e.errno)}")
-        self.rt_originals.clear()
+        self._restore_rt(list(self.rt_originals))
         self.cells = {}
 
     def take_stats(self) -> dict:
