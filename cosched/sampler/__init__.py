@@ -35,6 +35,9 @@ class VcpuStats:
     wait_ns: int = 0
     costop: float = 0.0         # last cumulative costop seconds (from the engine)
     carry: VcpuCarry = field(default_factory=VcpuCarry)
+    stat_fd: int | None = None  # /proc/.../stat, for the thread's state
+    runnable: bool = False      # state R at the last sample
+    cpu: int | None = None      # host CPU at the last sample
 
 
 @dataclass
@@ -76,6 +79,19 @@ def read_schedstat(fd: int) -> tuple[int, int]:
     return int(fields[0]), int(fields[1])
 
 
+def read_state(fd: int | None) -> tuple[bool, int | None]:
+    """Whether the thread is running or runnable (state ``R``), and the host
+    CPU it is on, from an open ``stat`` descriptor (fields 3 and 39; the
+    command name before them is in parentheses and may hold spaces)."""
+    if fd is None:
+        return False, None
+    try:
+        fields = os.pread(fd, 1024, 0).rpartition(b")")[2].split()
+        return fields[0] == b"R", int(fields[36])
+    except (OSError, IndexError, ValueError):
+        return False, None
+
+
 class Sampler:
     def __init__(self, fs: HostFS, interval: float, snapshot: Callable[[], Snapshot | None],
                  on_vanished: Callable[[], None] = lambda: None,
@@ -93,13 +109,18 @@ class Sampler:
         self._last_snapshot: Snapshot | None = None
 
     # -- tracking -------------------------------------------------------
-    def _open(self, pid: int, tid: int) -> tuple[int | None, int, int]:
+    def _open(self, pid: int, tid: int) -> VcpuStats | None:
         try:
             fd = self.fs.open_fd(f"/proc/{pid}/task/{tid}/schedstat")
             run, wait = read_schedstat(fd)
-            return fd, run, wait
         except (FileNotFoundError, ProcessLookupError, OSError):
-            return None, 0, 0
+            return None
+        try:
+            stat_fd = self.fs.open_fd(f"/proc/{pid}/task/{tid}/stat")
+        except OSError:
+            stat_fd = None
+        runnable, cpu = read_state(stat_fd)
+        return VcpuStats(tid, fd, run, wait, stat_fd=stat_fd, runnable=runnable, cpu=cpu)
 
     def _follow(self, snap: Snapshot) -> None:
         """Open descriptors for new vCPU threads, close those gone."""
@@ -116,15 +137,16 @@ class Sampler:
                     self._close_vcpu(stats.vcpus.pop(index))
             for index, tid in wanted.items():
                 if index not in stats.vcpus and d.pid:
-                    fd, run, wait = self._open(d.pid, tid)
-                    if fd is not None:
-                        stats.vcpus[index] = VcpuStats(tid, fd, run, wait)
+                    v = self._open(d.pid, tid)
+                    if v is not None:
+                        stats.vcpus[index] = v
 
     @staticmethod
     def _close_vcpu(v: VcpuStats) -> None:
-        if v.fd is not None:
-            os.close(v.fd)
-            v.fd = None
+        for fd in (v.fd, v.stat_fd):
+            if fd is not None:
+                os.close(fd)
+        v.fd = v.stat_fd = None
 
     def _close_domain(self, d: DomainStats) -> None:
         for v in d.vcpus.values():
@@ -144,7 +166,7 @@ class Sampler:
             vanished = False
             costop = self.costop()
             for uuid, stats in self.domains.items():
-                placed, stopped = [], []
+                placed, stopped, cpus = [], [], []
                 for index in sorted(stats.vcpus):
                     v = stats.vcpus[index]
                     try:
@@ -153,15 +175,19 @@ class Sampler:
                         self._close_vcpu(stats.vcpus.pop(index))
                         vanished = True
                         continue
+                    runnable, cpu = read_state(v.stat_fd)
+                    waiting, v.runnable = v.runnable and runnable, runnable
+                    stayed, v.cpu = (cpu if cpu == v.cpu else None), cpu
                     d_run, d_wait = (run - v.run_ns) / 1e9, (wait - v.wait_ns) / 1e9
                     v.run_ns, v.wait_ns = run, wait
                     frozen = costop.get((uuid, index), v.costop)
                     d_costop, v.costop = max(frozen - v.costop, 0.0), frozen
                     if dt > 0:
-                        placed.append(place(v.carry, d_run, d_wait, dt))
+                        placed.append(place(v.carry, d_run, d_wait, dt, waiting))
                         stopped.append(min(d_costop, dt))
+                        cpus.append(stayed)
                 if dt > 0 and placed:
-                    w = estimate(dt, placed, stopped)
+                    w = estimate(dt, placed, stopped, cpus)
                     stats.hazard += w.hazard
                     stats.partial += w.partial
                     stats.observed += dt

@@ -14,6 +14,13 @@ Per vCPU and window
     then wait, each window holding at most ``dt``). Totals over any run are
     exact; only their placement in time is approximate, by at most one wait
     or one tick.
+    A wait still in progress is not credited at all, so a vCPU left on a run
+    queue for seconds would look idle until the wait ends. The sampler
+    therefore also reads each thread's state (``/proc/.../stat``): a thread
+    runnable (``R``) at both ends of a window in which it got no CPU time
+    waited for the whole window. That wait is placed at once, as an
+    *advance* that the kernel's later credit pays off instead of placing it
+    again.
     ``idle = dt - r - w``: blocked or halted.
 
 Skew (``cosched_domain_skew_seconds``)
@@ -37,6 +44,22 @@ Concurrency hazard (``..._concurrency_hazard_seconds_total``)
     waited or only idled are exact, and co-scheduled guests (all run, then all
     wait) are measured almost exactly.
 
+    vCPUs queued on the *same* host CPU are not independent: one CPU runs one
+    thread at a time, so two busy siblings there alternate and one always
+    waits while the other runs (measured against kernel traces: 97% hazard,
+    where independence says 50%). The sampler reads each thread's CPU
+    (``/proc/.../stat``, field 39); siblings on the same CPU at both ends of
+    the window form a *group* whose members never run together. Within a
+    group, with ``q_j = p_idle_j / (1 - p_run_j)`` (idle, given not
+    running)::
+
+        P(none runs)  = 1 - Σ p_run
+        P(none waits) = Σ_i p_run_i Π_{j≠i} q_j + (1 - Σ p_run) Π q_j
+        P(all idle)   = (1 - Σ p_run) Π q_j
+
+    and groups are independent of each other. A group of one gives back the
+    formulas above.
+
 Partial contention (``..._partial_contention_seconds_total``)
     Time when at least one vCPU waited while no sibling ran (the others were
     blocked, idle or waiting too)::
@@ -48,25 +71,38 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from math import prod
 
-CARRY_LIMIT = 1.0   # seconds; more pending than this means lost samples: drop it
+CARRY_LIMIT = 1.0     # seconds; more pending than this means lost samples: drop it
+ADVANCE_LIMIT = 600.0  # seconds of wait placed ahead of the kernel's credit
 
 
 @dataclass
 class VcpuCarry:
-    """Run and wait credited by the kernel but not yet placed in a window."""
+    """Run and wait credited by the kernel but not yet placed in a window
+    (``run``, ``wait``), and wait placed but not yet credited (``advance``)."""
 
     run: float = 0.0
     wait: float = 0.0
+    advance: float = 0.0
 
 
-def place(carry: VcpuCarry, d_run: float, d_wait: float, dt: float) -> tuple[float, float]:
-    """Place newly credited run/wait into a window of ``dt``; update ``carry``."""
+def place(carry: VcpuCarry, d_run: float, d_wait: float, dt: float, waiting: bool = False) -> tuple[float, float]:
+    """Place newly credited run/wait into a window of ``dt``; update ``carry``.
+
+    ``waiting``: the thread was runnable at both ends of the window; if it
+    got no CPU time in it either, the window was one uncredited wait.
+    """
+    credit = max(d_wait, 0.0)
+    paid = min(credit, carry.advance)
+    carry.advance -= paid
     run = carry.run + max(d_run, 0.0)
-    wait = carry.wait + max(d_wait, 0.0)
+    wait = carry.wait + credit - paid
     r = min(run, dt)
     w = min(wait, dt - r)
     carry.run = min(run - r, CARRY_LIMIT)
     carry.wait = min(wait - w, CARRY_LIMIT)
+    if waiting and d_run <= 0 and r == 0:
+        carry.advance = min(carry.advance + dt - w, ADVANCE_LIMIT)
+        w = dt
     return r, w
 
 
@@ -80,17 +116,31 @@ class Window:
     skew: float
 
 
-def estimate(dt: float, placed: list[tuple[float, float]], costop: list[float] | None = None) -> Window:
-    """Estimates for one domain from its vCPUs' placed ``(r, w)`` in a window."""
+def estimate(dt: float, placed: list[tuple[float, float]], costop: list[float] | None = None,
+             cpus: list[int | None] | None = None) -> Window:
+    """Estimates for one domain from its vCPUs' placed ``(r, w)`` in a window.
+
+    ``cpus``: the host CPU each vCPU stayed queued on through the window
+    (None: unknown or moved); vCPUs sharing one are a mutually exclusive group.
+    """
     if dt <= 0 or not placed:
         return Window(dt, 0.0, 0.0, 0.0)
     costop = costop or [0.0] * len(placed)
+    cpus = cpus or [None] * len(placed)
     p_run = [min(r / dt, 1.0) for r, _ in placed]
     p_wait = [min(w / dt, 1.0 - pr) for (_, w), pr in zip(placed, p_run)]
     p_idle = [max(1.0 - pr - pw, 0.0) for pr, pw in zip(p_run, p_wait)]
-    none_run = prod(1.0 - p for p in p_run)
-    none_wait = prod(1.0 - p for p in p_wait)
-    all_idle = prod(p_idle)
+    groups: dict[object, list[int]] = {}
+    for i, cpu in enumerate(cpus):
+        groups.setdefault(("cpu", cpu) if cpu is not None else ("alone", i), []).append(i)
+    none_run = none_wait = all_idle = 1.0
+    for members in groups.values():
+        busy = min(sum(p_run[i] for i in members), 1.0)
+        q = {i: p_idle[i] / (1.0 - p_run[i]) if p_run[i] < 1.0 else 1.0 for i in members}
+        idle_rest = prod(q.values())
+        none_run *= 1.0 - busy
+        none_wait *= sum(p_run[i] * prod(q[j] for j in members if j != i) for i in members) + (1.0 - busy) * idle_rest
+        all_idle *= (1.0 - busy) * idle_rest
     hazard = dt * max(1.0 - none_run - none_wait + all_idle, 0.0) if len(placed) > 1 else 0.0
     partial = dt * max(none_run - all_idle, 0.0)
     lags = [w + c for (_, w), c in zip(placed, costop)]
