@@ -91,14 +91,21 @@ class Guest:
         except FileNotFoundError:
             return ""
 
-    def results(self) -> list[dict[str, int]]:
-        """Every ``cosched-result`` line so far, as ``{key: int}``."""
+    def results(self) -> list[dict]:
+        """Every ``cosched-result`` line so far: integer counters as ``{key: int}``,
+        and ``hist`` (iteration times) as ``{bucket: count}``."""
         out = []
         for m in _RESULT.finditer(self.console()):
             try:
-                out.append({k: int(v) for k, v in (kv.split("=", 1) for kv in m.group(1).split()) if v.isdigit()})
+                line: dict = {}
+                for k, v in (kv.split("=", 1) for kv in m.group(1).split()):
+                    if k == "hist":
+                        line[k] = {int(b): int(n) for b, n in (p.split(":") for p in v.split(","))}
+                    elif v.isdigit():
+                        line[k] = int(v)
+                out.append(line)
             except ValueError:
-                continue
+                continue        # a line cut short by a guest being destroyed
         return out
 
     def wait_for(self, text: str, timeout: float = 60.0) -> None:

@@ -26,9 +26,14 @@
  *
  * Every `interval_ms` the main thread prints one line that the host parses:
  *
- *     cosched-result workload=NAME t_ms=<guest monotonic ms> iters=<total> [missed=<total>]
+ *     cosched-result workload=NAME t_ms=<guest monotonic ms> iters=<total> [missed=<total>] hist=<i>:<n>,...
  *
  * Counters are cumulative, so a reader can take any two lines and divide.
+ * `hist` counts iterations by how long each took (time since the same
+ * thread's previous iteration), in log-linear buckets of microseconds: four
+ * buckets per power of two; bucket i < 4 holds i us, bucket i >= 4 holds
+ * [(4 + i % 4) << (i / 4 - 1), (5 + i % 4) << (i / 4 - 1)) us. Only non-empty
+ * buckets are printed.
  * Init must never exit (the kernel would panic): it sleeps forever when the
  * workload is unknown.
  */
@@ -53,14 +58,38 @@ static long opt_sleep_us = 2000;  /* blocking: sleep between chunks */
 static long opt_n = 128;          /* lu: matrix size */
 static long opt_b = 16;           /* lu: block size */
 
-/* per-thread counters, one cache line each */
-static struct { volatile uint64_t iters, missed; char pad[48]; } count[MAX_THREADS];
+#define HIST_BUCKETS 136       /* up to 2^34 us */
+
+/* per-thread counters, each thread on its own cache lines */
+static struct {
+    volatile uint64_t iters, missed;
+    uint64_t last_ns;
+    volatile uint64_t hist[HIST_BUCKETS];
+    char pad[40];
+} count[MAX_THREADS];
 static volatile uint64_t sink;
 
 static uint64_t now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + ts.tv_nsec;
+}
+
+static int hist_bucket(uint64_t us) {
+    if (us < 4)
+        return (int)us;
+    int msb = 63 - __builtin_clzll(us);
+    int i = 4 * (msb - 1) + (int)((us >> (msb - 2)) & 3);
+    return i < HIST_BUCKETS ? i : HIST_BUCKETS - 1;
+}
+
+/* one iteration of thread `id` is done: count it and how long it took */
+static void count_iter(long id) {
+    uint64_t now = now_ns();
+    if (count[id].last_ns)
+        count[id].hist[hist_bucket((now - count[id].last_ns) / 1000)]++;
+    count[id].last_ns = now;
+    count[id].iters++;
 }
 
 static void compute(long steps) {
@@ -97,7 +126,7 @@ static void *barrier_thread(void *arg) {
     for (;;) {
         compute(opt_chunk);
         barrier_wait(&sense);
-        count[id].iters++;
+        count_iter(id);
     }
     return NULL;
 }
@@ -116,7 +145,7 @@ static void *deadline_thread(void *arg) {
                 count[id].missed++;
                 break;
             }
-        count[id].iters++;
+        count_iter(id);
     }
     return NULL;
 }
@@ -131,7 +160,7 @@ static void *spinlock_thread(void *arg) {
                 __builtin_ia32_pause();
         compute(opt_cs);
         __atomic_store_n(&lock, 0, __ATOMIC_RELEASE);
-        count[id].iters++;
+        count_iter(id);
         compute(opt_chunk);
     }
     return NULL;
@@ -206,7 +235,7 @@ static void *lu_thread(void *arg) {
             barrier_wait(&sense);
         }
         if (id == 0)
-            count[0].iters++;
+            count_iter(0);
     }
     return NULL;
 }
@@ -215,7 +244,7 @@ static void *ep_thread(void *arg) {
     long id = (long)arg;
     for (;;) {
         compute(opt_chunk);
-        count[id].iters++;
+        count_iter(id);
     }
     return NULL;
 }
@@ -226,7 +255,7 @@ static void *blocking_thread(void *arg) {
     for (;;) {
         compute(opt_chunk);
         nanosleep(&ts, NULL);
-        count[id].iters++;
+        count_iter(id);
     }
     return NULL;
 }
@@ -240,7 +269,7 @@ static void *pingpong_thread(void *arg) {
         if (id == 0) {
             if (write(ping[1], &c, 1) != 1 || read(pong[0], &c, 1) != 1)
                 break;
-            count[0].iters++;
+            count_iter(0);
         } else {
             if (read(ping[0], &c, 1) != 1 || write(pong[1], &c, 1) != 1)
                 break;
@@ -334,17 +363,24 @@ int main(int argc, char **argv) {
     struct timespec ts = {opt_interval_ms / 1000, (opt_interval_ms % 1000) * 1000000};
     for (;;) {
         nanosleep(&ts, NULL);
-        uint64_t iters = 0, missed = 0;
+        uint64_t iters = 0, missed = 0, hist[HIST_BUCKETS] = {0};
         for (long i = 0; i < opt_threads; i++) {
             iters += count[i].iters;
             missed += count[i].missed;
+            for (int b = 0; b < HIST_BUCKETS; b++)
+                hist[b] += count[i].hist[b];
         }
+        char line[4096], *p = line, *end = line + sizeof line;
+        p += snprintf(p, end - p, "cosched-result workload=%s t_ms=%llu iters=%llu", name,
+                      (unsigned long long)(now_ns() / 1000000), (unsigned long long)iters);
         if (w->reports_missed)
-            printf("cosched-result workload=%s t_ms=%llu iters=%llu missed=%llu\n", name,
-                   (unsigned long long)(now_ns() / 1000000), (unsigned long long)iters,
-                   (unsigned long long)missed);
-        else
-            printf("cosched-result workload=%s t_ms=%llu iters=%llu\n", name,
-                   (unsigned long long)(now_ns() / 1000000), (unsigned long long)iters);
+            p += snprintf(p, end - p, " missed=%llu", (unsigned long long)missed);
+        const char *sep = " hist=";
+        for (int b = 0; b < HIST_BUCKETS && end - p > 32; b++)
+            if (hist[b]) {
+                p += snprintf(p, end - p, "%s%d:%llu", sep, b, (unsigned long long)hist[b]);
+                sep = ",";
+            }
+        puts(line);
     }
 }
