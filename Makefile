@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 APT_PACKAGES := qemu-system-x86 libvirt-daemon-system libvirt-clients libvirt-dev \
                 pkg-config gcc libc6-dev python3-venv python3-dev
 
-.PHONY: deps venv image services test unit integration demo bench clean
+.PHONY: deps venv image services test unit integration demo bench bench-smoke clean
 
 deps:
 	@missing=$$(for p in $(APT_PACKAGES); do \
@@ -43,8 +43,13 @@ test: image services
 demo: image services
 	$(PY) -m testbed.demo
 
+# the full benchmark suite (about 30 minutes on 2 CPUs); results in benchmarks/results/
 bench: image services
-	$(PY) -m benchmarks.coschedule
+	$(PY) -m benchmarks.suite --guests 2,4 --reps 2 --seconds 5
+
+# a small run of the same harness, under five minutes
+bench-smoke: image services
+	$(PY) -m benchmarks.suite --guests 3 --workloads barrier,blocking --modes batch,cfs,gang --reps 1 --seconds 4
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -4,10 +4,15 @@ Pure functions, unit-tested on synthetic data.
 
 The metric-truth benchmark records ``sched_switch`` and ``sched_wakeup``
 events for the vCPU threads and turns them into per-thread state timelines
-(:func:`timelines`); :func:`trace_figures` then computes, exactly, the same
-quantities cosched estimates from 10 ms schedstat windows: concurrency
-hazard (some vCPU of the guest runs while a sibling is runnable but waiting)
-and partial contention (some vCPU waits while none runs).
+(:func:`states_at`, :func:`timelines`); :func:`trace_figures` then computes,
+exactly, the same quantities cosched estimates from 10 ms schedstat windows:
+concurrency hazard (some vCPU of the guest runs while a sibling is runnable
+but waiting), partial contention (some vCPU waits while none runs), and
+:func:`window_skews` the per-window skew.
+
+Iteration times come from the guests as log-linear histograms (see
+``testbed/workloads/guest-init.c``); :func:`hist_cdf` and
+:func:`hist_quantile` read them.
 """
 from __future__ import annotations
 
@@ -33,6 +38,42 @@ def of_ideal(total: float, ideal: float) -> float:
     return total / ideal if ideal > 0 else 0.0
 
 
+def hist_bounds(i: int) -> tuple[float, float]:
+    """Lower and upper bound, in seconds, of a guest histogram bucket."""
+    def lower(j: int) -> int:
+        return j if j < 4 else (4 + j % 4) << (j // 4 - 1)
+    return lower(i) * 1e-6, lower(i + 1) * 1e-6
+
+
+def hist_delta(before: dict[int, int], after: dict[int, int]) -> dict[int, int]:
+    """Counts added between two cumulative histograms."""
+    out = {b: n - before.get(b, 0) for b, n in after.items()}
+    return {b: n for b, n in out.items() if n > 0}
+
+
+def hist_add(*hists: dict[int, int]) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for h in hists:
+        for b, n in h.items():
+            out[int(b)] = out.get(int(b), 0) + n   # JSON turns keys into strings
+    return out
+
+
+def hist_cdf(hist: dict[int, int]) -> list[tuple[float, float]]:
+    """``(bucket upper bound in seconds, fraction of iterations at or below it)``."""
+    total = sum(hist.values())
+    out, running = [], 0
+    for b in sorted(hist):
+        running += hist[b]
+        out.append((hist_bounds(b)[1], running / total))
+    return out
+
+
+def hist_quantile(hist: dict[int, int], q: float) -> float | None:
+    """Upper bound (seconds) of the bucket holding quantile ``q``; None when empty."""
+    return next((x for x, f in hist_cdf(hist) if f >= q), None) if hist else None
+
+
 @dataclass(frozen=True)
 class Event:
     """One scheduler event for a thread.
@@ -46,20 +87,42 @@ class Event:
     kind: str
 
 
+_AFTER = {"in": RUNNING, "out-runnable": RUNNABLE, "out-sleep": SLEEPING, "wakeup": RUNNABLE}
+_BEFORE = {"in": RUNNABLE, "out-runnable": RUNNING, "out-sleep": RUNNING, "wakeup": SLEEPING}
+
+
+def states_at(events: list[Event], tids: set[int], t0: float, silent: dict[int, str] | None = None) -> dict[int, str]:
+    """Each thread's state at ``t0``: set by its last event before ``t0``, or
+    implied by its first event after (a thread switched in was waiting, one
+    switched out was running, one woken was asleep). A thread with no event
+    at all kept one state throughout, which the trace cannot tell: it is
+    taken from ``silent`` (e.g. read from /proc), else sleeping."""
+    state: dict[int, str] = {}
+    for e in sorted(events, key=lambda e: e.t):
+        if e.tid not in tids:
+            continue
+        if e.t <= t0:
+            if not (e.kind == "wakeup" and state.get(e.tid) == RUNNING):
+                state[e.tid] = _AFTER[e.kind]
+        elif e.tid not in state:
+            state[e.tid] = _BEFORE[e.kind]
+    silent = silent or {}
+    return {tid: state.get(tid, silent.get(tid, SLEEPING)) for tid in tids}
+
+
 def timelines(events: list[Event], start: dict[int, str], t0: float, t1: float) -> dict[int, list[tuple[float, float, str]]]:
     """Per thread, ``(begin, end, state)`` intervals covering ``[t0, t1]``.
 
     ``start`` gives each thread's state at ``t0``; events outside the window
     are ignored.
     """
-    nxt = {"in": RUNNING, "out-runnable": RUNNABLE, "out-sleep": SLEEPING, "wakeup": RUNNABLE}
     out: dict[int, list[tuple[float, float, str]]] = {}
     state = dict(start)
     since = {tid: t0 for tid in start}
     for e in sorted(events, key=lambda e: e.t):
         if e.tid not in state or not t0 <= e.t <= t1:
             continue
-        new = nxt[e.kind]
+        new = _AFTER[e.kind]
         if e.kind == "wakeup" and state[e.tid] == RUNNING:
             continue                      # a wakeup of a running thread changes nothing
         if new != state[e.tid]:
@@ -70,24 +133,54 @@ def timelines(events: list[Event], start: dict[int, str], t0: float, t1: float) 
     return out
 
 
-def trace_figures(lines: dict[int, list[tuple[float, float, str]]]) -> dict[str, float]:
-    """Exact hazard, partial-contention and per-thread run/wait time of one guest's vCPUs."""
-    points = sorted({p for iv in lines.values() for b, e, _ in iv for p in (b, e)})
+def trace_figures(lines: dict[int, list[tuple[float, float, str]]]) -> dict:
+    """Exact hazard, partial-contention and per-thread run/wait time of one guest's vCPUs.
+
+    One sweep over every state change of every thread, in time order.
+    """
+    changes = sorted((b, tid, s) for tid, iv in lines.items() for b, _, s in iv)
+    end = max(e for iv in lines.values() for _, e, _ in iv)
     hazard = partial = 0.0
     run = {tid: 0.0 for tid in lines}
     wait = {tid: 0.0 for tid in lines}
-    for a, b in zip(points, points[1:]):
-        mid = (a + b) / 2
-        states = {tid: next(s for beg, end, s in iv if beg <= mid < end) for tid, iv in lines.items()}
-        running = sum(s == RUNNING for s in states.values())
-        waiting = sum(s == RUNNABLE for s in states.values())
+    state: dict[int, str] = {}
+    for (t, tid, s), nxt in zip(changes, changes[1:] + [(end, None, None)]):
+        state[tid] = s
+        dt = nxt[0] - t
+        if dt <= 0:
+            continue
+        running = waiting = 0
+        for k, st in state.items():
+            if st == RUNNING:
+                running += 1
+                run[k] += dt
+            elif st == RUNNABLE:
+                waiting += 1
+                wait[k] += dt
         if running and waiting:
-            hazard += b - a
-        if waiting and not running:
-            partial += b - a
-        for tid, s in states.items():
-            if s == RUNNING:
-                run[tid] += b - a
-            elif s == RUNNABLE:
-                wait[tid] += b - a
+            hazard += dt
+        elif waiting:
+            partial += dt
     return {"hazard": hazard, "partial": partial, "run": run, "wait": wait}
+
+
+def window_skews(lines: dict[int, list[tuple[float, float, str]]], t0: float, t1: float, width: float) -> list[float]:
+    """Per window of ``width`` seconds in ``[t0, t1)``: the largest difference
+    between two threads' lag, lag being the time a thread did not run
+    (waiting, or blocked: the frozen or descheduled time of a busy vCPU).
+
+    cosched's skew uses wait + costop; for guests whose vCPUs never idle, as
+    in the spin workloads, the two are the same quantity.
+    """
+    n = int((t1 - t0) / width)
+    lags = {tid: [0.0] * n for tid in lines}
+    for tid, iv in lines.items():
+        for b, e, s in iv:
+            if s == RUNNING:
+                continue
+            k = max(int((b - t0) / width), 0)
+            while k < n and t0 + k * width < e:
+                lo, hi = max(b, t0 + k * width), min(e, t0 + (k + 1) * width)
+                lags[tid][k] += max(hi - lo, 0.0)
+                k += 1
+    return [max(col) - min(col) for col in zip(*lags.values())] if lags else []

@@ -1,7 +1,7 @@
 """Benchmark statistics and the exact, trace-based hazard."""
 import pytest
 
-from benchmarks.coschedule import quantile
+from benchmarks.suite import quantile
 from benchmarks.stats import RUNNABLE, RUNNING, SLEEPING, Event, cdf, jain, of_ideal, timelines, trace_figures
 from cosched.sampler.estimate import estimate, hazard_bounds
 

@@ -1,0 +1,290 @@
+"""Tables and plots from a suite run's ``results.json``.
+
+    python -m benchmarks.report RESULTS_DIR      # re-draws summary.md and the PNGs
+
+:func:`aggregate` groups the raw runs by workload, guest count and mode
+(repetitions and guests pooled); :func:`summary` renders the tables;
+:func:`plots` draws (matplotlib, no display needed):
+
+``throughput.png``        aggregate throughput relative to the ideal, per guest count
+``missed_deadlines.png``  the deadline workload's missed chunks against guest count
+``iteration_cdf.png``     CDF of iteration times at the largest guest count
+``fairness.png``          Jain's index across guests
+``hazard.png``            cosched's concurrency-hazard fraction
+``overhead.png``          the daemon's CPU time
+``truth.png``             cosched's hazard against the exact one from kernel traces
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from statistics import mean
+
+from benchmarks.stats import hist_add, hist_cdf, hist_quantile, jain
+
+TRUTH_TARGET_PP = 5.0
+
+
+def _mean(values):
+    values = [v for v in values if v is not None]
+    return mean(values) if values else None
+
+
+def aggregate(res: dict) -> dict:
+    """``{(workload, guests, mode): figures}`` over repetitions and guests."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in res["runs"]:
+        groups.setdefault((r["workload"], r["guests"], r["mode"]), []).append(r)
+    out = {}
+    for (wl, n, mode), rs in groups.items():
+        ideal = res["ideal"].get(wl) or 0.0
+        of_ideal = [sum(g["rate"] for g in r["per_guest"].values()) / ideal if ideal else 0.0 for r in rs]
+        gs = [g for r in rs for g in r["per_guest"].values()]
+        iters = sum(g["iters"] for g in gs)
+        errors = [100 * abs(g["hazard"] - g["trace"]["hazard"]) for g in gs
+                  if g.get("trace") and g.get("hazard") is not None]
+        out[(wl, n, mode)] = {
+            "of_ideal": of_ideal,
+            "jain": _mean([jain([g["rate"] for g in r["per_guest"].values()]) for r in rs]) if n > 1 else 1.0,
+            "missed_pct": 100 * sum(g["missed"] for g in gs) / iters if iters else None,
+            "hist": hist_add(*(g["hist"] for g in gs)),
+            "hazard": _mean([g["hazard"] for g in gs]),
+            "trace_hazard": _mean([g["trace"]["hazard"] for g in gs if g.get("trace")]),
+            "skew_ms": _mean([g["skew_mean_ms"] for g in gs]),
+            "trace_skew_ms": _mean([g["trace"]["skew_mean_ms"] for g in gs if g.get("trace")]),
+            "truth_err_pp": _mean(errors),
+            "truth_err_max_pp": max(errors) if errors else None,
+            "cpu_pct": _mean([r["daemon_cpu_pct"] for r in rs]),
+            "switch_p50_ms": _mean([r.get("switch_latency_p50_ms") for r in rs]),
+            "switch_p99_ms": _mean([r.get("switch_latency_p99_ms") for r in rs]),
+            "lateness_p99_ms": _mean([r.get("slot_lateness_p99_ms") for r in rs]),
+            "notes": sorted({n for r in rs for n in r.get("notes", [])}),
+            "overruns": sum(r.get("trace_overruns") or 0 for r in rs),
+        }
+    return out
+
+
+def _pct(v, digits=0):
+    return "-" if v is None else f"{100 * v:.{digits}f}%"
+
+
+def _num(v, fmt="{:.2f}"):
+    return "-" if v is None else fmt.format(v)
+
+
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def summary(res: dict, agg: dict | None = None) -> str:
+    agg = agg or aggregate(res)
+    h, c = res["host"], res["config"]
+    modes, counts, wls = c["modes"], c["guests"], c["workloads"]
+    top = max(counts)
+    lines = [
+        "# Co-scheduling benchmark", "",
+        f"Host: {h['cpus']} CPUs ({h.get('cpu_model', '?')}), kernel {h['kernel']}, guests as domain type "
+        f"`{h['domain_type']}` ({'TCG' if h['domain_type'] == 'qemu' else 'KVM'}). "
+        f"{c['vcpus']} vCPUs per guest, {c['seconds']:g} s per run, {c['reps']} repetition(s) of every mode.", "",
+        f"Command: `{res['command']}`", "",
+        "## Throughput relative to the ideal", "",
+        "Aggregate iterations per second of all guests, divided by one guest alone on this host "
+        "(mean over repetitions, min–max in brackets).", "",
+    ]
+    rows = []
+    for wl in wls:
+        for n in counts:
+            row = [wl, str(n)]
+            for m in modes:
+                a = agg.get((wl, n, m))
+                row.append("-" if not a else f"{_pct(mean(a['of_ideal']))} ({_pct(min(a['of_ideal']))}–{_pct(max(a['of_ideal']))})")
+            rows.append(row)
+    lines += _table(["workload", "guests", *modes], rows)
+    if "deadline" in wls:
+        lines += ["", "## Missed deadlines (deadline workload)", "",
+                  "Percentage of ~100 ms chunks a thread finished while a sibling had not finished the "
+                  "previous one (the Xen paper's skew microbenchmark).", ""]
+        alone = agg.get(("deadline", 1, "alone"))
+        rows = [["1 (alone)"] + [_num(alone and alone["missed_pct"], "{:.1f}%")] * len(modes)]
+        rows += [[str(n)] + [_num((agg.get(("deadline", n, m)) or {}).get("missed_pct"), "{:.1f}%") for m in modes]
+                 for n in counts]
+        lines += _table(["guests", *modes], rows)
+    lines += ["", f"## Iteration times at {top} guests (p50 / p99, ms)", "",
+              "Time between a thread's successive iterations, from the guests' histograms "
+              "(bucket upper bounds, 19% wide).", ""]
+    rows = []
+    for wl in wls:
+        row = [wl]
+        for m in ["alone", *modes]:
+            a = agg.get((wl, 1 if m == "alone" else top, m))
+            hist = a["hist"] if a else {}
+            row.append("-" if not hist else f"{1000 * hist_quantile(hist, 0.5):.3g} / {1000 * hist_quantile(hist, 0.99):.3g}")
+        rows.append(row)
+    lines += _table(["workload", "alone", *modes], rows)
+    lines += ["", f"## Fairness and concurrency hazard at {top} guests", "",
+              "Jain's index of the guests' throughputs (1 = equal), and cosched's concurrency-hazard "
+              "fraction (time some vCPU ran while a sibling waited, over time observed; mean over guests).", ""]
+    rows = [[wl] + [(lambda a: "-" if not a else f"{a['jain']:.2f} / {_pct(a['hazard'], 1)}")(agg.get((wl, top, m)))
+                    for m in modes] for wl in wls]
+    lines += _table(["workload (Jain / hazard)", *modes], rows)
+    lines += ["", "## Daemon overhead and switching", "",
+              "CPU time of the daemon and its switcher process in percent of one CPU, and the switch "
+              "loop's figures from the daemon's own histograms (mean over runs).", ""]
+    rows = []
+    for m in modes:
+        a = [v for (wl, n, mm), v in agg.items() if mm == m]
+        rows.append([m, _num(_mean([x["cpu_pct"] for x in a]), "{:.1f}"),
+                     _num(_mean([x["switch_p50_ms"] for x in a]), "{:.3f}"),
+                     _num(_mean([x["switch_p99_ms"] for x in a]), "{:.3f}"),
+                     _num(_mean([x["lateness_p99_ms"] for x in a]), "{:.3f}")])
+    lines += _table(["mode", "daemon CPU %", "switch p50 ms", "switch p99 ms", "slot lateness p99 ms"], rows)
+    if c.get("truth"):
+        lines += ["", "## Metric truth: cosched against kernel traces", "",
+                  "For every run but batch, the kernel's sched_switch/sched_wakeup events of the vCPU "
+                  "threads were recorded over the same interval and turned into the exact hazard "
+                  "fraction and 10 ms window skew. Error: |cosched − trace| in percentage points, mean "
+                  f"and worst over guests (target: within {TRUTH_TARGET_PP:g} points).", ""]
+        rows = []
+        for (wl, n, m), a in sorted(agg.items(), key=lambda kv: (wls.index(kv[0][0]), kv[0][1], kv[0][2])):
+            if a["trace_hazard"] is None:
+                continue
+            rows.append([wl, str(n), m, _pct(a["hazard"], 1), _pct(a["trace_hazard"], 1),
+                         _num(a["truth_err_pp"], "{:.1f}"), _num(a["truth_err_max_pp"], "{:.1f}"),
+                         _num(a["skew_ms"]), _num(a["trace_skew_ms"])])
+        lines += _table(["workload", "guests", "mode", "hazard (cosched)", "hazard (trace)", "error pp",
+                         "worst pp", "skew ms (cosched)", "skew ms (trace)"], rows)
+        errs = [a["truth_err_pp"] for a in agg.values() if a["truth_err_pp"] is not None]
+        worst = [a["truth_err_max_pp"] for a in agg.values() if a["truth_err_max_pp"] is not None]
+        if errs:
+            lines += ["", f"Over all {len(errs)} groups: mean error {mean(errs):.1f} points, worst single guest "
+                          f"{max(worst):.1f} points. Lost trace events: "
+                          f"{sum(a['overruns'] for a in agg.values())}."]
+    notes = sorted({n for a in agg.values() for n in a["notes"]})
+    if notes:
+        lines += ["", "Notes from the daemon:"] + [f"- {n}" for n in notes]
+    return "\n".join(lines) + "\n"
+
+
+def plots(res: dict, out: Path, agg: dict | None = None) -> list[Path]:
+    """Draw the PNGs into ``out``; return their paths."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    agg = agg or aggregate(res)
+    c = res["config"]
+    modes, counts, wls = c["modes"], c["guests"], c["workloads"]
+    top = max(counts)
+    xs = [1, *counts]
+    written = []
+
+    def save(fig, name):
+        fig.tight_layout()
+        path = out / name
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        written.append(path)
+
+    def grid(n):
+        cols = min(n, 4)
+        rows = (n + cols - 1) // cols
+        fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.9 * rows), squeeze=False)
+        for ax in axes.flat[n:]:
+            ax.set_visible(False)
+        return fig, list(axes.flat)
+
+    fig, axes = grid(len(wls))
+    for ax, wl in zip(axes, wls):
+        for m in modes:
+            ys = [1.0] + [mean(agg[(wl, n, m)]["of_ideal"]) if (wl, n, m) in agg else float("nan") for n in counts]
+            lo = [0.0] + [ys[i + 1] - min(agg[(wl, n, m)]["of_ideal"]) if (wl, n, m) in agg else 0 for i, n in enumerate(counts)]
+            hi = [0.0] + [max(agg[(wl, n, m)]["of_ideal"]) - ys[i + 1] if (wl, n, m) in agg else 0 for i, n in enumerate(counts)]
+            ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=2, label=m)
+        ax.set_title(wl)
+        ax.set_xlabel("guests")
+        ax.set_ylabel("throughput / ideal")
+        ax.set_xticks(xs)
+        ax.set_ylim(bottom=0)
+    axes[0].legend(fontsize="small")
+    save(fig, "throughput.png")
+
+    if "deadline" in wls:
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        alone = (agg.get(("deadline", 1, "alone")) or {}).get("missed_pct")
+        for m in modes:
+            ys = [alone] + [(agg.get(("deadline", n, m)) or {}).get("missed_pct") for n in counts]
+            ax.plot(xs, [float("nan") if y is None else y for y in ys], marker="o", label=m)
+        ax.set_xlabel("guests")
+        ax.set_ylabel("missed deadlines (%)")
+        ax.set_xticks(xs)
+        ax.set_ylim(0, 100)
+        ax.legend(fontsize="small")
+        save(fig, "missed_deadlines.png")
+
+    fig, axes = grid(len(wls))
+    for ax, wl in zip(axes, wls):
+        for m in ["alone", *modes]:
+            a = agg.get((wl, 1 if m == "alone" else top, m))
+            if a and a["hist"]:
+                pts = hist_cdf(a["hist"])
+                ax.step([x for x, _ in pts], [f for _, f in pts], where="post", label=m,
+                        linestyle="--" if m == "alone" else "-")
+        ax.set_xscale("log")
+        ax.set_title(f"{wl}, {top} guests")
+        ax.set_xlabel("iteration time (s)")
+        ax.set_ylabel("CDF")
+    axes[0].legend(fontsize="small")
+    save(fig, "iteration_cdf.png")
+
+    for name, key, label in (("fairness.png", "jain", "Jain's index"),
+                             ("hazard.png", "hazard", "concurrency hazard fraction")):
+        fig, ax = plt.subplots(figsize=(max(5, 1.1 * len(wls)), 3.5))
+        width = 0.8 / len(modes)
+        for i, m in enumerate(modes):
+            ys = [(agg.get((wl, top, m)) or {}).get(key) for wl in wls]
+            ax.bar([j + i * width for j in range(len(wls))], [0 if y is None else y for y in ys], width, label=m)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(wls))], wls)
+        ax.set_ylabel(label)
+        ax.set_title(f"{top} guests")
+        ax.set_ylim(0, 1.05)
+        ax.legend(fontsize="small")
+        save(fig, name)
+
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    cpu = [_mean([a["cpu_pct"] for (wl, n, mm), a in agg.items() if mm == m]) or 0 for m in modes]
+    ax.bar(modes, cpu)
+    ax.set_ylabel("daemon + switcher CPU (% of one CPU)")
+    save(fig, "overhead.png")
+
+    if c.get("truth"):
+        fig, ax = plt.subplots(figsize=(4.5, 4.5))
+        for m in modes:
+            pts = [(g["trace"]["hazard"], g["hazard"]) for r in res["runs"] if r["mode"] == m
+                   for g in r["per_guest"].values() if g.get("trace") and g.get("hazard") is not None]
+            if pts:
+                ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=12, label=m)
+        d = TRUTH_TARGET_PP / 100
+        ax.plot([0, 1], [0, 1], color="black", linewidth=0.8)
+        ax.fill_between([0, 1], [-d, 1 - d], [d, 1 + d], color="grey", alpha=0.2, label=f"±{TRUTH_TARGET_PP:g} points")
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ax.set_xlabel("hazard fraction, kernel trace (exact)")
+        ax.set_ylabel("hazard fraction, cosched")
+        ax.legend(fontsize="small")
+        save(fig, "truth.png")
+    return written
+
+
+def write(res: dict, out: Path) -> str:
+    """Write ``summary.md`` and the plots into ``out``; return the summary."""
+    agg = aggregate(res)
+    text = summary(res, agg)
+    (out / "summary.md").write_text(text)
+    plots(res, out, agg)
+    return text
+
+
+if __name__ == "__main__":
+    folder = Path(sys.argv[1])
+    print(write(json.loads((folder / "results.json").read_text()), folder))

@@ -1,0 +1,377 @@
+"""The co-scheduling benchmark suite: guest workloads under every scheduling mode.
+
+    python -m benchmarks.suite [--guests 2,3,4] [--vcpus 2] [--workloads barrier,deadline,...]
+        [--modes batch,cfs,gang,partial,boost] [--seconds 6] [--reps 2] [--no-truth] [--out DIR]
+
+``make bench`` runs the full suite, ``make bench-smoke`` a small one (under
+five minutes). For each workload (see ``testbed/workloads/guest-init.c``):
+
+1. one guest boots and runs alone under the host scheduler, measured once
+   per repetition: its mean throughput is the *ideal* (what this host gives
+   one guest), and its figures are the one-guest point of every plot;
+2. for each guest count, that many guests run the workload together, and
+   each repetition measures every mode on the same booted guests:
+
+   ``batch``    guests one after another, each alone for an equal share of
+                the interval (the others paused by libvirt, whose clock then
+                stands still, so a paused guest sees no delay);
+   ``cfs``      all at once under the host scheduler, observed only;
+   ``gang``, ``partial``, ``boost``, ...  all at once under that cosched
+                preset, switched live through the libvirt annotation.
+
+Per guest and run it records throughput (iterations per second of guest
+time, from the first to the last result line inside the interval), missed
+deadlines, the histogram of iteration times, and cosched's own hazard and
+skew figures for the interval; per run the daemon's switch latency, slot
+lateness and CPU time (daemon and switcher, percent of one CPU). With truth
+on (the default), every non-batch run also records the kernel's
+``sched_switch``/``sched_wakeup`` events of the vCPU threads
+(:mod:`benchmarks.trace`) and computes each guest's exact hazard fraction
+and window skew over the same interval (:mod:`benchmarks.stats`), for the
+metric-truth comparison.
+
+Output folder (default ``benchmarks/results/suite-<time>``): ``results.json``
+(every run, raw), ``summary.md`` and PNG plots (:mod:`benchmarks.report`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import libvirt
+import psutil
+from prometheus_client.parser import text_string_to_metric_families
+
+from benchmarks import report
+from benchmarks.stats import (RUNNABLE, RUNNING, SLEEPING, hist_delta, states_at, timelines, trace_figures,
+                              window_skews)
+from benchmarks.trace import SchedTrace
+from testbed import guests, image, services
+from testbed.daemon import DaemonProcess
+
+PREFIX = "cosched-bench-"
+WORKLOADS = ("barrier", "deadline", "spinlock", "lu", "ep", "blocking", "pingpong")
+MODES = ("batch", "cfs", "gang", "partial", "boost")
+REPORT_MS = 250           # guests print a result line this often
+SKEW_WINDOW = 0.010       # the daemon's default sampling interval
+
+
+# -- reading the daemon ------------------------------------------------------
+def cpu_seconds(pid: int) -> float:
+    """CPU time of a process and its children (the daemon and its switcher)."""
+    p = psutil.Process(pid)
+    total = sum(p.cpu_times()[:2])
+    for c in p.children(recursive=True):
+        try:
+            total += sum(c.cpu_times()[:2])
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def scrape(daemon: DaemonProcess) -> dict:
+    """The figures this suite reads from ``/metrics``: per-domain hazard,
+    observed and skew (sum, count), and the switch and lateness histograms."""
+    out: dict = {"domains": {}, "hist": {}}
+    for fam in text_string_to_metric_families(daemon.metrics()):
+        for s in fam.samples:
+            dom = s.labels.get("domain")
+            if s.name == "cosched_domain_concurrency_hazard_seconds_total":
+                out["domains"].setdefault(dom, {})["hazard"] = s.value
+            elif s.name == "cosched_domain_observed_seconds_total":
+                out["domains"].setdefault(dom, {})["observed"] = s.value
+            elif s.name in ("cosched_domain_skew_seconds_sum", "cosched_domain_skew_seconds_count"):
+                out["domains"].setdefault(dom, {})[s.name.rsplit("_", 1)[1]] = s.value
+            elif s.name in ("cosched_switch_latency_seconds_bucket", "cosched_slot_lateness_seconds_bucket"):
+                out["hist"].setdefault(s.name, []).append((float(s.labels["le"]), s.value))
+    return out
+
+
+def quantile(q: float, before: list, after: list) -> float | None:
+    """``histogram_quantile`` over the increase between two scrapes of
+    cumulative ``(le, count)`` buckets (interpolated within a bucket)."""
+    counts = [(le, a - b) for (le, a), (_, b) in zip(after, before)] if before else after
+    if not counts or counts[-1][1] <= 0:
+        return None
+    rank = q * counts[-1][1]
+    prev_le, prev_c = 0.0, 0.0
+    for le, c in counts:
+        if c >= rank:
+            if le == float("inf"):
+                return prev_le
+            return prev_le + (le - prev_le) * (rank - prev_c) / max(c - prev_c, 1e-12)
+        prev_le, prev_c = le, c
+    return prev_le
+
+
+def _ms(v: float | None) -> float | None:
+    return None if v is None else round(v * 1000, 3)
+
+
+# -- reading the guests -------------------------------------------------------
+def guest_window(results: list[dict], first: int) -> dict:
+    """A guest's figures from result line ``first`` to its last line.
+
+    Throughput is per second of guest time, which stands still while libvirt
+    pauses the guest, so a batch turn is measured as the guest saw it (and
+    then weighted by the turn's share of the interval).
+    """
+    rs = results[first:]
+    if len(rs) < 2:
+        return {"rate": 0.0, "iters": 0, "missed": 0, "hist": {}, "guest_seconds": 0.0}
+    a, b = rs[0], rs[-1]
+    span = max(b["t_ms"] - a["t_ms"], 1) / 1000
+    return {"rate": (b["iters"] - a["iters"]) / span, "iters": b["iters"] - a["iters"],
+            "missed": b.get("missed", 0) - a.get("missed", 0),
+            "hist": hist_delta(a.get("hist", {}), b.get("hist", {})), "guest_seconds": span}
+
+
+def set_policy(name: str, preset: str) -> None:
+    subprocess.run(["virsh", "-c", guests.URI, "metadata", name, "--uri", guests.NAMESPACE, "--key", "cosched",
+                    "--set", f'<policy name="{preset}"/>', "--live"], check=True, capture_output=True)
+
+
+def apply_mode(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, settle: float) -> list[str]:
+    """Put every guest under ``mode``'s preset, wait until the daemon has taken
+    it up, let the guests settle; return the engine's notes (e.g. boost off)."""
+    preset = "none" if mode in ("batch", "cfs") else mode
+    for g in gs:
+        set_policy(g.name, preset)
+
+    def taken_up():
+        doms = {d["name"]: d for d in (daemon.status() or {}).get("domains", [])}
+        return all(g.name in doms and doms[g.name]["policy"] == preset and
+                   (preset == "none" or doms[g.name].get("managed")) for g in gs)
+    daemon.wait(taken_up, 10, f"guests under {preset}")
+    time.sleep(settle)
+    return sorted({c["note"] for c in daemon.status()["daemon"]["engine"]["cells"] if c.get("note")})
+
+
+# -- one measurement -----------------------------------------------------------
+def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: float, truth: bool) -> dict:
+    """Measure ``gs`` for ``seconds`` under ``mode`` (already applied)."""
+    tids, pids = {}, {}
+    for d in daemon.status()["domains"]:
+        if d["name"] in {g.name for g in gs}:
+            tids[d["name"]] = {v["tid"] for v in d["vcpus"]}
+            pids.update({v["tid"]: d["pid"] for v in d["vcpus"]})
+    tracer = SchedTrace(set().union(*tids.values())) if truth and mode != "batch" else None
+    first = {g.name: len(g.results()) for g in gs}
+    turn: dict[str, tuple] = {}     # batch: each guest's lines at the end of its turn, and the turn's length
+    if tracer:
+        tracer.__enter__()
+        time.sleep(0.5)                       # events before t0 give each thread's state at t0
+    try:
+        s0, c0, t0, p0 = scrape(daemon), cpu_seconds(daemon.proc.pid), time.monotonic(), proc_states(pids)
+        if mode == "batch":
+            doms = [g.dom for g in gs]
+            for d in doms:
+                d.suspend()
+            try:
+                for g, d in zip(gs, doms):
+                    first[g.name] = len(g.results())
+                    begin = time.monotonic()
+                    d.resume()
+                    time.sleep(seconds / len(gs))
+                    d.suspend()
+                    turn[g.name] = (g.results(), time.monotonic() - begin)
+            finally:
+                for d in doms:
+                    try:
+                        d.resume()
+                    except libvirt.libvirtError:
+                        pass
+        else:
+            time.sleep(seconds)
+        s1, c1, t1, p1 = scrape(daemon), cpu_seconds(daemon.proc.pid), time.monotonic(), proc_states(pids)
+        last = {g.name: turn[g.name][0] if g.name in turn else g.results() for g in gs}
+    finally:
+        if tracer:
+            tracer.__exit__(None, None, None)
+    per_guest = {}
+    for g in gs:
+        w = guest_window(last[g.name], first[g.name])
+        if g.name in turn:                      # batch: it ran only for its turn
+            w["rate"] *= turn[g.name][1] / (t1 - t0)
+        d0, d1 = s0["domains"].get(g.name, {}), s1["domains"].get(g.name, {})
+        observed = d1.get("observed", 0) - d0.get("observed", 0)
+        n_skew = d1.get("count", 0) - d0.get("count", 0)
+        w["hazard"] = (d1.get("hazard", 0) - d0.get("hazard", 0)) / observed if observed > 0 else None
+        w["skew_mean_ms"] = 1000 * (d1.get("sum", 0) - d0.get("sum", 0)) / n_skew if n_skew > 0 else None
+        if tracer:
+            w["trace"] = truth_figures(tracer.events, tids[g.name], t0, t1, silent_states(p0, p1, t1 - t0))
+        per_guest[g.name] = w
+    lat = [(s0["hist"].get(k, []), s1["hist"].get(k, [])) for k in
+           ("cosched_switch_latency_seconds_bucket", "cosched_slot_lateness_seconds_bucket")]
+    return {
+        "per_guest": per_guest,
+        "seconds": t1 - t0,
+        "switch_latency_p50_ms": _ms(quantile(0.5, *lat[0])),
+        "switch_latency_p99_ms": _ms(quantile(0.99, *lat[0])),
+        "slot_lateness_p99_ms": _ms(quantile(0.99, *lat[1])),
+        "switches": (lat[0][1][-1][1] - (lat[0][0][-1][1] if lat[0][0] else 0)) if lat[0][1] else 0,
+        "daemon_cpu_pct": 100.0 * (c1 - c0) / (t1 - t0),
+        "trace_overruns": tracer.overruns if tracer else None,
+    }
+
+
+def proc_states(pids: dict[int, int]) -> dict[int, tuple[bool, int]]:
+    """``{tid: (runnable, run ns)}`` from /proc, for threads given as ``{tid: pid}``."""
+    out = {}
+    for tid, pid in pids.items():
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_bytes().rpartition(b")")[2].split()
+            run = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+            out[tid] = (stat[0] == b"R", run)
+        except (OSError, IndexError, ValueError):
+            pass
+    return out
+
+
+def silent_states(before: dict, after: dict, span: float) -> dict[int, str]:
+    """The state of threads the trace may say nothing about: runnable at both
+    ends and run for most of the span means running, runnable with no run
+    time means waiting, anything else sleeping."""
+    out = {}
+    for tid, (r0, run0) in before.items():
+        r1, run1 = after.get(tid, (False, run0))
+        if r0 and r1:
+            out[tid] = RUNNING if (run1 - run0) / 1e9 > span / 2 else RUNNABLE
+        else:
+            out[tid] = SLEEPING
+    return out
+
+
+def truth_figures(events, tids: set[int], t0: float, t1: float, silent: dict[int, str]) -> dict:
+    """Exact hazard fraction and mean window skew of one guest from a trace."""
+    lines = timelines(events, states_at(events, tids, t0, silent), t0, t1)
+    f = trace_figures(lines)
+    skews = window_skews(lines, t0, t1, SKEW_WINDOW)
+    span = t1 - t0
+    return {"hazard": f["hazard"] / span, "partial": f["partial"] / span,
+            "run": {t: r / span for t, r in f["run"].items()}, "wait": {t: w / span for t, w in f["wait"].items()},
+            "skew_mean_ms": 1000 * sum(skews) / len(skews) if skews else None,
+            "events": sum(1 for e in events if e.tid in tids)}
+
+
+# -- the suite -----------------------------------------------------------------
+class Progress:
+    def __init__(self, total: int):
+        self.total, self.done, self.start = total, 0, time.monotonic()
+
+    def step(self, text: str) -> None:
+        self.done += 1
+        el = time.monotonic() - self.start
+        left = el / self.done * (self.total - self.done)
+        print(f"[{self.done}/{self.total} {el / 60:.1f} min, ~{left / 60:.1f} min left] {text}", flush=True)
+
+
+def boot(name: str, workload: str, vcpus: int, img) -> guests.Guest:
+    g = guests.start(name, vcpus=vcpus, workload=f"{workload} interval_ms={REPORT_MS}", image=img,
+                     policy=guests.annotation("none"))
+    g.wait_for("cosched-result")
+    return g
+
+
+def run(args) -> dict:
+    img = image.build()
+    services.ensure()
+    guests.destroy_all(PREFIX)
+    daemon = DaemonProcess(Path(tempfile.mkdtemp(prefix="cosched-bench-"))).start()
+    counts = sorted(args.guests)
+    progress = Progress(len(args.workloads) * (1 + len(counts) * args.reps * len(args.modes)))
+    runs, ideal = [], {}
+    try:
+        for wl in args.workloads:
+            gs = [boot(f"{PREFIX}0", wl, args.vcpus, img)]
+            daemon.wait(lambda: daemon.domain(gs[0].name), 10, "guest observed")
+            apply_mode(daemon, gs, "cfs", args.settle)
+            rates = []
+            for rep in range(args.reps):
+                alone = measure(daemon, gs, "cfs", args.seconds, args.truth)
+                rates.append(alone["per_guest"][gs[0].name]["rate"])
+                runs.append({"workload": wl, "guests": 1, "mode": "alone", "rep": rep, **alone})
+            ideal[wl] = sum(rates) / len(rates)
+            progress.step(f"{wl}: one guest alone, {ideal[wl]:.1f} iterations/s "
+                          f"({', '.join(f'{r:.1f}' for r in rates)})")
+            for n in counts:
+                while len(gs) < n:
+                    gs.append(boot(f"{PREFIX}{len(gs)}", wl, args.vcpus, img))
+                for rep in range(args.reps):
+                    for mode in args.modes:
+                        notes = apply_mode(daemon, gs, mode, args.settle)
+                        r = measure(daemon, gs, mode, args.seconds, args.truth)
+                        r.update(workload=wl, guests=n, mode=mode, rep=rep, notes=notes)
+                        runs.append(r)
+                        total = sum(g["rate"] for g in r["per_guest"].values())
+                        progress.step(f"{wl} x{n} {mode} rep {rep + 1}: {100 * total / ideal[wl]:.0f}% of ideal")
+            guests.destroy_all(PREFIX)
+    finally:
+        rc = daemon.stop()
+        guests.destroy_all(PREFIX)
+    if rc != 0:
+        raise RuntimeError(f"daemon exited {rc}:\n{daemon.log.read_text()[-3000:]}")
+    return {
+        "host": {"cpus": len(os.sched_getaffinity(0)), "kernel": platform.release(),
+                 "domain_type": guests.domain_type(), "python": platform.python_version(),
+                 "cpu_model": _cpu_model()},
+        "config": {"guests": counts, "vcpus": args.vcpus, "workloads": list(args.workloads),
+                   "modes": list(args.modes), "seconds": args.seconds, "reps": args.reps, "truth": args.truth},
+        "command": " ".join(["python -m benchmarks.suite", *sys.argv[1:]]),
+        "ideal": ideal,
+        "runs": runs,
+    }
+
+
+def _cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.machine()
+
+
+def _list(choices):
+    def parse(text: str) -> list[str]:
+        items = [s for s in text.split(",") if s]
+        bad = [s for s in items if choices and s not in choices]
+        if bad:
+            raise argparse.ArgumentTypeError(f"unknown: {', '.join(bad)} (choose from {', '.join(choices)})")
+        return items
+    return parse
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--guests", type=lambda s: [int(x) for x in s.split(",")], default=[2, 3, 4],
+                    help="guest counts to run together (comma-separated)")
+    ap.add_argument("--vcpus", type=int, default=2, help="vCPUs per guest")
+    ap.add_argument("--workloads", type=_list(WORKLOADS), default=list(WORKLOADS))
+    ap.add_argument("--modes", type=_list(None), default=list(MODES),
+                    help="batch, cfs, and cosched presets (gang, partial, boost, or a site preset)")
+    ap.add_argument("--seconds", type=float, default=6.0, help="measurement interval per run")
+    ap.add_argument("--settle", type=float, default=1.5, help="wait after a mode change")
+    ap.add_argument("--reps", type=int, default=2, help="repetitions of every mode")
+    ap.add_argument("--no-truth", dest="truth", action="store_false",
+                    help="skip the kernel-trace comparison of cosched's hazard and skew")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        ap.error("run as root: it starts guests, the daemon and kernel tracing")
+    res = run(args)
+    out = args.out or Path("benchmarks/results") / time.strftime("suite-%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(res, indent=1))
+    text = report.write(res, out)
+    print("\n" + text + f"\nwritten to {out}/")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,152 @@
+"""Record the kernel's ``sched_switch`` and ``sched_wakeup`` events for chosen threads.
+
+The metric-truth benchmark uses this to compute, exactly, what cosched
+estimates from schedstat samples. It works through tracefs in a private
+instance (``instances/cosched-bench``), so it neither needs ``perf`` nor
+disturbs another user of the global trace buffer:
+
+* tracefs is mounted at ``/sys/kernel/tracing`` when no tracefs is mounted
+  (and unmounted again afterwards);
+* the instance's clock is ``mono``, so event times are ``CLOCK_MONOTONIC``
+  seconds, the clock of ``time.monotonic()``;
+* event filters keep the given threads (``prev_pid``/``next_pid`` for
+  switches, ``pid`` for wake-ups) and every switch to or from the idle task
+  (which :func:`parse` needs), and the per-CPU buffer is large enough for
+  tens of seconds of busy vCPUs; the overrun count is reported so a lossy
+  trace is never taken for a true one.
+
+Parsing (:func:`parse`) is pure and lives here too, next to the format it reads.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+from benchmarks.stats import Event
+
+INSTANCE = "cosched-bench"
+_LINE = re.compile(r"^\s*(.*?)-(\d+)\s+\[(\d+)\]\s+\S+\s+(\d+\.\d+): (sched_switch|sched_wakeup): (.*)$")
+_SWITCH = re.compile(r"prev_pid=(\d+) prev_prio=-?\d+ prev_state=(\S+) ==> .*next_pid=(\d+) next_prio=")
+_WAKEUP = re.compile(r"(?:^|\s)pid=(\d+) prio=")
+
+
+def parse(text: str, tids: set[int]) -> list[Event]:
+    """Events of ``tids`` from tracefs text output (``trace_clock`` seconds).
+
+    A switch away from a thread whose ``prev_state`` is ``R`` or ``R+``
+    (preempted) leaves it runnable; any other state (sleeping, halted,
+    frozen) leaves it blocked.
+
+    Some kernels do not emit ``sched_switch`` when a CPU leaves its idle task
+    (seen on the development host: 8 switch-ins against 227 switch-outs of a
+    thread that sleeps 5 ms at a time). Every line names the task current on
+    its CPU, though, so a thread seen current without a switch-in was
+    switched in from idle; it is given the earliest time that can have
+    happened: when the CPU went idle or the thread became runnable (or, with
+    its wake-up unseen, left its CPU), whichever is later. An idle CPU picks a runnable thread at once, so the
+    error is the idle exit latency.
+    """
+    out: list[Event] = []
+    curr: dict[int, int] = {}           # cpu -> pid current there, as far as seen
+    idle_since: dict[int, float] = {}   # cpu -> when it switched to idle
+    off: dict[int, float] = {}          # tid -> when it last became runnable, or else left its CPU
+    running: set[int] = set()
+
+    def switch_in(t: float, tid: int) -> None:
+        out.append(Event(t, tid, "in"))
+        running.add(tid)
+
+    for line in text.splitlines():
+        m = _LINE.match(line)
+        if not m:
+            continue
+        pid, cpu, t, kind, rest = int(m.group(2)), int(m.group(3)), float(m.group(4)), m.group(5), m.group(6)
+        if curr.get(cpu) != pid:
+            if pid in tids and pid not in running:
+                since = off.get(pid, t)
+                switch_in(min(max(idle_since.get(cpu, since), since), t), pid)
+            curr[cpu] = pid
+        if kind == "sched_switch":
+            s = _SWITCH.search(rest)
+            if not s:
+                continue
+            prev, state, nxt = int(s.group(1)), s.group(2), int(s.group(3))
+            if prev in tids:
+                preempted = state.startswith("R")
+                out.append(Event(t, prev, "out-runnable" if preempted else "out-sleep"))
+                running.discard(prev)
+                off[prev] = t
+            if nxt in tids:
+                switch_in(t, nxt)
+            curr[cpu] = nxt
+            if nxt == 0:
+                idle_since[cpu] = t
+        else:
+            w = _WAKEUP.search(rest)
+            tid = int(w.group(1)) if w else -1
+            if tid in tids and tid not in running:
+                out.append(Event(t, tid, "wakeup"))
+                off[tid] = t
+    return out
+
+
+def tracefs_root() -> Path | None:
+    """Where tracefs is mounted, from /proc/mounts (None when it is not)."""
+    for line in Path("/proc/mounts").read_text().splitlines():
+        fields = line.split()
+        if len(fields) > 2 and fields[2] == "tracefs":
+            return Path(fields[1])
+    return None
+
+
+class SchedTrace:
+    """``with SchedTrace(tids) as t: ...`` records; then ``t.events`` and ``t.overruns``."""
+
+    def __init__(self, tids: set[int], buffer_kb: int = 65536):
+        self.tids = set(tids)
+        self.buffer_kb = buffer_kb
+        self.events: list[Event] = []
+        self.overruns = 0
+        self._mounted: Path | None = None
+        self.dir: Path | None = None
+
+    def _write(self, rel: str, value: str) -> None:
+        (self.dir / rel).write_text(value)
+
+    def __enter__(self) -> "SchedTrace":
+        root = tracefs_root()
+        if root is None:
+            root = Path("/sys/kernel/tracing")
+            subprocess.run(["mount", "-t", "tracefs", "nodev", str(root)], check=True)
+            self._mounted = root
+        self.dir = root / "instances" / INSTANCE
+        if self.dir.exists():
+            os.rmdir(self.dir)           # left by an interrupted run
+        self.dir.mkdir()
+        ids = sorted(self.tids)
+        self._write("trace_clock", "mono")
+        self._write("buffer_size_kb", str(self.buffer_kb))
+        self._write("events/sched/sched_switch/filter",
+                    " || ".join(f"prev_pid == {t} || next_pid == {t}" for t in [0, *ids]))
+        self._write("events/sched/sched_wakeup/filter", " || ".join(f"pid == {t}" for t in ids))
+        self._write("events/sched/sched_switch/enable", "1")
+        self._write("events/sched/sched_wakeup/enable", "1")
+        self._write("tracing_on", "1")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self._write("tracing_on", "0")
+            if exc[0] is None:
+                self.events = parse((self.dir / "trace").read_text(), self.tids)
+                self.overruns = sum(
+                    int(m.group(1)) for stats in self.dir.glob("per_cpu/cpu*/stats")
+                    for m in [re.search(r"^overrun: (\d+)", stats.read_text(), re.M)] if m)
+        finally:
+            for ev in ("sched_switch", "sched_wakeup"):
+                self._write(f"events/sched/{ev}/enable", "0")
+            os.rmdir(self.dir)
+            if self._mounted is not None:
+                subprocess.run(["umount", str(self._mounted)], check=False)
