@@ -126,7 +126,8 @@ def timelines(events: list[Event], start: dict[int, str], t0: float, t1: float) 
         if e.kind == "wakeup" and state[e.tid] == RUNNING:
             continue                      # a wakeup of a running thread changes nothing
         if new != state[e.tid]:
-            out.setdefault(e.tid, []).append((since[e.tid], e.t, state[e.tid]))
+            if e.t > since[e.tid]:
+                out.setdefault(e.tid, []).append((since[e.tid], e.t, state[e.tid]))
             state[e.tid], since[e.tid] = new, e.t
     for tid in state:
         out.setdefault(tid, []).append((since[tid], t1, state[tid]))
@@ -138,7 +139,8 @@ def trace_figures(lines: dict[int, list[tuple[float, float, str]]]) -> dict:
 
     One sweep over every state change of every thread, in time order.
     """
-    changes = sorted((b, tid, s) for tid, iv in lines.items() for b, _, s in iv)
+    changes = [(b, tid, s) for b, _, tid, s in
+               sorted((b, k, tid, s) for tid, iv in lines.items() for k, (b, _, s) in enumerate(iv))]
     end = max(e for iv in lines.values() for _, e, _ in iv)
     hazard = partial = 0.0
     run = {tid: 0.0 for tid in lines}
