@@ -38,8 +38,8 @@ def aggregate(res: dict) -> dict:
         groups.setdefault((r["workload"], r["guests"], r["mode"]), []).append(r)
     out = {}
     for (wl, n, mode), rs in groups.items():
-        ideal = res["ideal"].get(wl) or 0.0
-        of_ideal = [sum(g["rate"] for g in r["per_guest"].values()) / ideal if ideal else 0.0 for r in rs]
+        of_ideal = [sum(g["rate"] for g in r["per_guest"].values()) / r["ideal"] if r.get("ideal") else 0.0
+                    for r in rs]
         gs = [g for r in rs for g in r["per_guest"].values()]
         iters = sum(g["iters"] for g in gs)
         errors = [100 * abs(g["hazard"] - g["trace"]["hazard"]) for g in gs
@@ -89,8 +89,8 @@ def summary(res: dict, agg: dict | None = None) -> str:
         f"{c['vcpus']} vCPUs per guest, {c['seconds']:g} s per run, {c['reps']} repetition(s) of every mode.", "",
         f"Command: `{res['command']}`", "",
         "## Throughput relative to the ideal", "",
-        "Aggregate iterations per second of all guests, divided by one guest alone on this host "
-        "(mean over repetitions, min–max in brackets).", "",
+        "Aggregate iterations per second of all guests, divided by the first guest's alone with the "
+        "others paused, measured in the same repetition (mean over repetitions, min–max in brackets).", "",
     ]
     rows = []
     for wl in wls:
@@ -112,7 +112,7 @@ def summary(res: dict, agg: dict | None = None) -> str:
         lines += _table(["guests", *modes], rows)
     lines += ["", f"## Iteration times at {top} guests (p50 / p99, ms)", "",
               "Time between a thread's successive iterations, from the guests' histograms "
-              "(bucket upper bounds, 19% wide).", ""]
+              "(upper bounds of buckets 14–25% wide).", ""]
     rows = []
     for wl in wls:
         row = [wl]

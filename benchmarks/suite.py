@@ -6,12 +6,14 @@
 ``make bench`` runs the full suite, ``make bench-smoke`` a small one (under
 five minutes). For each workload (see ``testbed/workloads/guest-init.c``):
 
-1. one guest boots and runs alone under the host scheduler, measured once
-   per repetition: its mean throughput is the *ideal* (what this host gives
-   one guest), and its figures are the one-guest point of every plot;
-2. for each guest count, that many guests run the workload together, and
-   each repetition measures every mode on the same booted guests:
+for each guest count, that many guests boot and each repetition measures,
+on the same booted guests:
 
+   ``alone``    the first guest with the others paused by libvirt: the
+                *ideal* of this repetition (what the host gives one guest),
+                measured right next to the modes it normalises, since
+                this host's speed drifts from minute to minute; pooled, the
+                one-guest point of every plot;
    ``batch``    guests one after another, each alone for an equal share of
                 the interval (the others paused by libvirt, whose clock then
                 stands still, so a paused guest sees no delay);
@@ -39,10 +41,12 @@ import argparse
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import libvirt
@@ -155,6 +159,22 @@ def apply_mode(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, settle:
 
 
 # -- one measurement -----------------------------------------------------------
+@contextmanager
+def paused(gs: list[guests.Guest]):
+    """Guests paused by libvirt (their clocks stand still), resumed on exit."""
+    for g in gs:
+        g.dom.suspend()
+    try:
+        yield
+    finally:
+        for g in gs:
+            try:
+                if g.dom.info()[0] == libvirt.VIR_DOMAIN_PAUSED:
+                    g.dom.resume()
+            except libvirt.libvirtError:
+                pass
+
+
 def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: float, truth: bool) -> dict:
     """Measure ``gs`` for ``seconds`` under ``mode`` (already applied)."""
     tids, pids = {}, {}
@@ -171,23 +191,14 @@ def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: f
     try:
         s0, c0, t0, p0 = scrape(daemon), cpu_seconds(daemon.proc.pid), time.monotonic(), proc_states(pids)
         if mode == "batch":
-            doms = [g.dom for g in gs]
-            for d in doms:
-                d.suspend()
-            try:
-                for g, d in zip(gs, doms):
+            with paused(gs):
+                for g in gs:
                     first[g.name] = len(g.results())
                     begin = time.monotonic()
-                    d.resume()
+                    g.dom.resume()
                     time.sleep(seconds / len(gs))
-                    d.suspend()
+                    g.dom.suspend()
                     turn[g.name] = (g.results(), time.monotonic() - begin)
-            finally:
-                for d in doms:
-                    try:
-                        d.resume()
-                    except libvirt.libvirtError:
-                        pass
         else:
             time.sleep(seconds)
         s1, c1, t1, p1 = scrape(daemon), cpu_seconds(daemon.proc.pid), time.monotonic(), proc_states(pids)
@@ -286,32 +297,33 @@ def run(args) -> dict:
     guests.destroy_all(PREFIX)
     daemon = DaemonProcess(Path(tempfile.mkdtemp(prefix="cosched-bench-"))).start()
     counts = sorted(args.guests)
-    progress = Progress(len(args.workloads) * (1 + len(counts) * args.reps * len(args.modes)))
-    runs, ideal = [], {}
+    progress = Progress(len(args.workloads) * len(counts) * args.reps * (1 + len(args.modes)))
+    runs, alone_rates = [], {}
     try:
         for wl in args.workloads:
-            gs = [boot(f"{PREFIX}0", wl, args.vcpus, img)]
-            daemon.wait(lambda: daemon.domain(gs[0].name), 10, "guest observed")
-            apply_mode(daemon, gs, "cfs", args.settle)
-            rates = []
-            for rep in range(args.reps):
-                alone = measure(daemon, gs, "cfs", args.seconds, args.truth)
-                rates.append(alone["per_guest"][gs[0].name]["rate"])
-                runs.append({"workload": wl, "guests": 1, "mode": "alone", "rep": rep, **alone})
-            ideal[wl] = sum(rates) / len(rates)
-            progress.step(f"{wl}: one guest alone, {ideal[wl]:.1f} iterations/s "
-                          f"({', '.join(f'{r:.1f}' for r in rates)})")
+            gs: list[guests.Guest] = []
             for n in counts:
                 while len(gs) < n:
                     gs.append(boot(f"{PREFIX}{len(gs)}", wl, args.vcpus, img))
+                daemon.wait(lambda: all(daemon.domain(g.name) for g in gs), 10, "guests observed")
                 for rep in range(args.reps):
-                    for mode in args.modes:
-                        notes = apply_mode(daemon, gs, mode, args.settle)
-                        r = measure(daemon, gs, mode, args.seconds, args.truth)
-                        r.update(workload=wl, guests=n, mode=mode, rep=rep, notes=notes)
+                    ideal = None
+                    for mode in ("alone", *args.modes):
+                        notes = apply_mode(daemon, gs, "cfs" if mode == "alone" else mode, args.settle)
+                        if mode == "alone":             # the ideal, measured next to what it normalises
+                            with paused(gs[1:]):
+                                r = measure(daemon, gs[:1], mode, args.seconds, args.truth)
+                            ideal = r["per_guest"][gs[0].name]["rate"]
+                            alone_rates.setdefault(wl, []).append(ideal)
+                        else:
+                            r = measure(daemon, gs, mode, args.seconds, args.truth)
+                        r.update(workload=wl, guests=1 if mode == "alone" else n, mode=mode, rep=rep,
+                                 ideal=ideal, notes=notes)
                         runs.append(r)
                         total = sum(g["rate"] for g in r["per_guest"].values())
-                        progress.step(f"{wl} x{n} {mode} rep {rep + 1}: {100 * total / ideal[wl]:.0f}% of ideal")
+                        progress.step(f"{wl} x{n} {mode} rep {rep + 1}: "
+                                      + (f"{total:.1f} iterations/s" if mode == "alone" else
+                                         f"{100 * total / ideal:.0f}% of ideal" if ideal else "no ideal"))
             guests.destroy_all(PREFIX)
     finally:
         rc = daemon.stop()
@@ -325,7 +337,7 @@ def run(args) -> dict:
         "config": {"guests": counts, "vcpus": args.vcpus, "workloads": list(args.workloads),
                    "modes": list(args.modes), "seconds": args.seconds, "reps": args.reps, "truth": args.truth},
         "command": " ".join(["python -m benchmarks.suite", *sys.argv[1:]]),
-        "ideal": ideal,
+        "ideal": {wl: sum(r) / len(r) for wl, r in alone_rates.items()},
         "runs": runs,
     }
 
@@ -364,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         ap.error("run as root: it starts guests, the daemon and kernel tracing")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))     # clean up guests, daemon and trace
     res = run(args)
     out = args.out or Path("benchmarks/results") / time.strftime("suite-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)

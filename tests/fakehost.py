@@ -51,12 +51,16 @@ class FakeHost:
         base = f"/proc/{pid}/task/{tid}"
         self.write(f"{base}/comm", comm + "\n")
         self.write(f"{base}/cgroup", f"1:cpu:{cgroup}\n0::{cgroup}\n")
-        rest = ["S"] + ["0"] * 18 + [str(1000 + tid)] + ["0"] * 17 + [str(prio), str(policy)] + ["0"] * 11
-        self.write(f"{base}/stat", f"{tid} ({comm}) " + " ".join(rest) + "\n")
-        self.write(f"/proc/{tid}/stat", f"{tid} ({comm}) " + " ".join(rest) + "\n")   # threads show at /proc/TID too
+        self.stat(pid, tid, comm, policy=policy, prio=prio)
         self.write(f"{base}/status", f"Name:\t{comm}\nCpus_allowed_list:\t{cpus}\n")
         self.schedstat(pid, tid, run_ns, wait_ns)
         self.write(f"{self.cg2}{cgroup}/cgroup.events", "populated 1\nfrozen 0\n")
+
+    def stat(self, pid: int, tid: int, comm: str, state: str = "S", cpu: int = 0, policy: int = 0, prio: int = 0) -> None:
+        """``/proc/.../stat`` of a thread: state (field 3), start time (22), CPU (39), priority and policy."""
+        rest = [state] + ["0"] * 18 + [str(1000 + tid)] + ["0"] * 16 + [str(cpu), str(prio), str(policy)] + ["0"] * 11
+        self.write(f"/proc/{pid}/task/{tid}/stat", f"{tid} ({comm}) " + " ".join(rest) + "\n")
+        self.write(f"/proc/{tid}/stat", f"{tid} ({comm}) " + " ".join(rest) + "\n")   # threads show at /proc/TID too
 
     def schedstat(self, pid: int, tid: int, run_ns: int, wait_ns: int) -> None:
         self.write(f"/proc/{pid}/task/{tid}/schedstat", f"{run_ns} {wait_ns} 1\n")

@@ -2,7 +2,8 @@
 import pytest
 
 from benchmarks.suite import quantile
-from benchmarks.stats import RUNNABLE, RUNNING, SLEEPING, Event, cdf, jain, of_ideal, timelines, trace_figures
+from benchmarks.stats import (RUNNABLE, RUNNING, SLEEPING, Event, cdf, hist_add, hist_bounds, hist_cdf, hist_delta,
+                              hist_quantile, jain, of_ideal, timelines, trace_figures, window_skews)
 from cosched.sampler.estimate import estimate, hazard_bounds
 
 
@@ -62,3 +63,29 @@ def test_window_estimate_lies_within_bounds_of_the_exact_value():
     lo, hi = hazard_bounds(10e-3, placed)
     assert lo <= f["hazard"] <= hi
     assert lo <= estimate(10e-3, placed).hazard <= hi
+
+
+def test_histogram_buckets_match_the_guest_program():
+    # four buckets per power of two, as guest-init.c's hist_bucket()
+    assert hist_bounds(3) == pytest.approx((3e-6, 4e-6))
+    assert hist_bounds(4) == pytest.approx((4e-6, 5e-6))
+    assert hist_bounds(13) == pytest.approx((20e-6, 24e-6))
+    assert hist_bounds(60)[1] / hist_bounds(60)[0] == pytest.approx(5 / 4)   # 4 sub-buckets: 4/4 .. 7/4
+    assert hist_bounds(63)[1] / hist_bounds(63)[0] == pytest.approx(8 / 7)
+
+
+def test_histogram_delta_cdf_and_quantile():
+    before, after = {13: 10}, {13: 40, 20: 10}
+    d = hist_delta(before, after)
+    assert d == {13: 30, 20: 10}
+    assert hist_cdf(d) == [(pytest.approx(24e-6), 0.75), (hist_bounds(20)[1], 1.0)]
+    assert hist_quantile(d, 0.5) == pytest.approx(24e-6)
+    assert hist_quantile({}, 0.5) is None
+    assert hist_add({"13": 1}, {13: 2}) == {13: 3}        # keys from JSON are strings
+
+
+def test_window_skews_from_timelines():
+    # 20 ms, two 10 ms windows: in the first vCPU 2 waits 4 ms, in the second vCPU 1 sleeps 6 ms
+    lines = {1: [(0, 0.014, RUNNING), (0.014, 0.020, SLEEPING)],
+             2: [(0, 0.004, RUNNABLE), (0.004, 0.020, RUNNING)]}
+    assert window_skews(lines, 0.0, 0.020, 0.010) == [pytest.approx(0.004), pytest.approx(0.006)]

@@ -64,6 +64,44 @@ def test_late_credit_is_carried_not_lost():
     assert place(carry, 0, 0, 10 * MS) == (0, 0)
 
 
+def test_uncredited_wait_is_placed_at_once_and_paid_off_by_the_credit():
+    carry = VcpuCarry()
+    # runnable at both ends of two windows, no run: two windows of wait, in advance
+    assert place(carry, 0, 0, 10 * MS, waiting=True) == (0, pytest.approx(10 * MS))
+    assert place(carry, 0, 0, 10 * MS, waiting=True) == (0, pytest.approx(10 * MS))
+    assert carry.advance == pytest.approx(20 * MS)
+    # the wait ends: the kernel credits 23 ms; 20 were placed already, 3 belong here
+    r, w = place(carry, 5 * MS, 23 * MS, 10 * MS)
+    assert (r, w) == (pytest.approx(5 * MS), pytest.approx(3 * MS))
+    assert carry.advance == 0 and carry.wait == pytest.approx(0)
+
+
+def test_runnable_thread_that_ran_is_not_taken_for_waiting():
+    carry = VcpuCarry()
+    assert place(carry, 6 * MS, 0, 10 * MS, waiting=True) == (pytest.approx(6 * MS), 0)
+    assert carry.advance == 0
+
+
+def test_siblings_on_one_cpu_alternate_so_one_always_waits():
+    halves = [(5 * MS, 5 * MS), (5 * MS, 5 * MS)]
+    assert estimate(10 * MS, halves, cpus=[0, 0]).hazard == pytest.approx(10 * MS)
+    assert estimate(10 * MS, halves, cpus=[0, 1]).hazard == pytest.approx(5 * MS)   # independent
+    # mostly waiting on one CPU: hazard is the time either runs, the rest is partial contention
+    w = estimate(10 * MS, [(1.7 * MS, 8.3 * MS), (1.7 * MS, 8.3 * MS)], cpus=[1, 1])
+    assert w.hazard == pytest.approx(3.4 * MS) and w.partial == pytest.approx(6.6 * MS)
+
+
+def test_a_group_of_one_is_the_independent_estimate():
+    placed = [(2 * MS, 3 * MS), (7 * MS, 1 * MS), (0, 10 * MS)]
+    a, b = estimate(10 * MS, placed), estimate(10 * MS, placed, cpus=[0, 1, None])
+    assert (a.hazard, a.partial) == pytest.approx((b.hazard, b.partial))
+
+
+def test_idle_sibling_on_the_same_cpu_adds_no_hazard():
+    w = estimate(10 * MS, [(10 * MS, 0), (0, 0)], cpus=[0, 0])
+    assert (w.hazard, w.partial) == (0, 0)
+
+
 def test_run_placed_before_wait_and_window_never_overfull():
     carry = VcpuCarry()
     r, w = place(carry, 8 * MS, 8 * MS, 10 * MS)
@@ -97,6 +135,19 @@ def test_sampler_accumulates_from_schedstat(fake, fs):
     assert view.hazard == pytest.approx(0.01)
     assert [(v.run, v.wait) for v in view.vcpus] == [(0.01, 0.0), (0.0, 0.01)]
     assert view.skew_count == 1 and view.skew_sum == pytest.approx(0.01)
+
+
+def test_sampler_sees_a_wait_schedstat_has_not_credited(fake, fs):
+    snap = make_snapshot(fake, fs, {0: 101, 1: 102})
+    fake.stat(100, 102, "CPU 1/TCG", state="R", cpu=1)
+    s = Sampler(fs, 0.01, lambda: snap)
+    s.step(now_ns=0)
+    # vCPU 0 ran the window; vCPU 1 stayed queued (R) without running: no credit yet
+    fake.schedstat(100, 101, 10_000_000, 0)
+    fake.stat(100, 101, "CPU 0/TCG", state="R", cpu=0)
+    s.step(now_ns=10_000_000)
+    view = s.view()[UUID]
+    assert view.hazard == pytest.approx(0.01)
 
 
 def test_vanished_thread_requests_resync(fake, fs):
