@@ -10,9 +10,11 @@
  * Workloads (argv[1]); each worker thread is pinned to its own vCPU:
  *   barrier   compute `chunk` LCG steps, then meet at a spin barrier;
  *             iters = barrier crossings.
- *   deadline  compute chunks of `chunk_ms` against a shared progress table;
- *             a chunk is missed when its thread finishes it while a sibling
- *             has not finished the previous one (the threads fell out of step);
+ *   deadline  the skew microbenchmark of the Xen gang-scheduling paper:
+ *             compute chunks of `chunk_ms` and count completions globally; a
+ *             chunk is missed when, while its thread computed it, the global
+ *             count grew by more than the number of threads (a sibling got
+ *             ahead: the threads fell out of step);
  *             iters = chunks, missed = missed chunks.
  *   spinlock  take one test-and-test-and-set spinlock around `cs` LCG steps,
  *             with `chunk` steps outside it; iters = acquisitions.
@@ -133,18 +135,20 @@ static void *barrier_thread(void *arg) {
 
 /* deadline: steps per chunk calibrated once, so a chunk takes chunk_ms when the vCPU runs */
 static long deadline_steps;
-static volatile uint64_t progress[MAX_THREADS];
+static uint64_t chunks_done;      /* all threads' completed chunks */
 
+/* In step, every sibling completes one chunk while this thread completes
+ * one, so the global count grows by the number of threads between two of
+ * its completions; more means a sibling ran while this one did not. */
 static void *deadline_thread(void *arg) {
     long id = (long)arg;
-    for (uint64_t k = 1;; k++) {
+    uint64_t last = 0;
+    for (;;) {
         compute(deadline_steps);
-        __atomic_store_n(&progress[id], k, __ATOMIC_RELEASE);
-        for (long t = 0; t < opt_threads; t++)
-            if (t != id && __atomic_load_n(&progress[t], __ATOMIC_ACQUIRE) + 1 < k) {
-                count[id].missed++;
-                break;
-            }
+        uint64_t now = __atomic_add_fetch(&chunks_done, 1, __ATOMIC_ACQ_REL);
+        if (last && now - last > (uint64_t)opt_threads)
+            count[id].missed++;
+        last = now;
         count_iter(id);
     }
     return NULL;
