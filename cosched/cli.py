@@ -38,7 +38,7 @@ def cmd_daemon(args) -> int:
         overrides["metrics_address"] = args.metrics_address
     config = replace(config, **overrides)
     try:
-        return Daemon(config, dry_run=args.dry_run).run()
+        return Daemon(config, dry_run=args.dry_run, config_path=args.config, overrides=overrides).run()
     except RuntimeError as e:
         print(f"cosched: {e}", file=sys.stderr)
         return 1

@@ -1,7 +1,9 @@
 """Daemon configuration: ``/etc/cosched/cosched.toml``, validated once at load.
 
 Every key is optional; an unknown key or a value of the wrong type is an
-error naming the key. Command-line options override the file.
+error naming the key. Command-line options override the file. SIGHUP
+re-reads it (see :meth:`cosched.daemon.Daemon.reload`); ``connect``,
+``metrics_address``, ``state_dir`` and ``switcher_priority`` need a restart.
 
 ``connect`` (string, default ``qemu:///system``)
     libvirt URI.

@@ -3,8 +3,11 @@
 Threads: ``libvirt-events`` (libvirt's event loop), ``discovery`` (resync on
 events, on a vanished vCPU, and every ``resync_interval_s``), ``sampler``
 (schedstat every ``sample_interval_ms``), the metrics HTTP server and the
-control socket. The main thread waits for SIGTERM/SIGINT, then restores the host, stops
-them all and exits 0. SIGHUP re-reads the preset files.
+control socket. The main thread tells systemd how it is doing (READY, STATUS,
+a watchdog that is fed only while sampling and discovery are alive: see
+:mod:`cosched.notify`) and waits for SIGTERM/SIGINT, then restores the host,
+stops them all and exits 0. SIGHUP re-reads the configuration file and the
+presets without letting go of managed guests (:meth:`Daemon.reload`).
 """
 from __future__ import annotations
 
@@ -13,13 +16,15 @@ import os
 import signal
 import threading
 import time
+from dataclasses import fields, replace
 
 import psutil
 
 from cosched import __version__
 from cosched.actuators.journal import Journal
 from cosched.actuators.pinning import LibvirtPinner
-from cosched.config import Config
+from cosched import config as configfile
+from cosched.config import Config, ConfigError
 from cosched.control import ControlServer
 from cosched.discovery import build_snapshot
 from cosched.discovery.libvirt import LibvirtSource
@@ -28,6 +33,7 @@ from cosched.engine import Engine
 from cosched.hostfs import HostFS
 from cosched.metrics import CoschedCollector, serve
 from cosched.model import Domain, Snapshot
+from cosched.notify import Notifier
 from cosched.policy.presets import Presets
 from cosched.sampler import Sampler
 
@@ -71,9 +77,18 @@ def log_changes(old: Snapshot | None, new: Snapshot) -> None:
         log.info("libvirt_connected=%s action=libvirt-state", new.libvirt_connected)
 
 
+# Settings a running daemon cannot take over on SIGHUP: they need a restart.
+RESTART_KEYS = ("connect", "metrics_address", "state_dir", "switcher_priority")
+STALL_SECONDS = 10.0      # no sample for this long: unhealthy, the watchdog is not fed
+
+
 class Daemon:
-    def __init__(self, config: Config, fs: HostFS | None = None, dry_run: bool = False):
+    def __init__(self, config: Config, fs: HostFS | None = None, dry_run: bool = False,
+                 config_path: str | None = None, overrides: dict | None = None, notifier: Notifier | None = None):
         self.config = config
+        self.config_path = config_path
+        self.overrides = dict(overrides or {})
+        self.notifier = notifier or Notifier()
         self.fs = fs or HostFS("/")
         self.dry_run = dry_run
         self.presets = Presets.load(list(config.presets_dirs))
@@ -94,6 +109,7 @@ class Daemon:
         self.control = ControlServer(config.socket_path, self.request)
         self.started = time.time()
         self._http = None
+        self._samples_seen, self._sampled_at, self._unhealthy = -1, time.monotonic(), False
 
     # -- discovery ------------------------------------------------------
     def resync(self) -> Snapshot:
@@ -113,11 +129,33 @@ class Daemon:
         with self.engine.lock:
             return dict(self.engine.stats.costop)
 
-    def reload_presets(self) -> None:
-        """SIGHUP: read the preset files again; guests keep being managed throughout."""
-        self.presets = Presets.load(list(self.config.presets_dirs))
-        log.info("action=presets-reloaded presets=%s errors=%d", ",".join(sorted(self.presets.by_name)),
-                 len(self.presets.errors))
+    def reload(self) -> None:
+        """SIGHUP: re-read the configuration file and the preset files.
+
+        Managed guests stay managed throughout: the next resync replans with
+        the new settings and changes only what differs. A configuration that
+        does not validate is refused as a whole (logged, the running one
+        kept). ``connect``, ``metrics_address``, ``state_dir`` and
+        ``switcher_priority`` need a restart: a change to them is logged and
+        the running value kept. Command-line options still override the file.
+        """
+        self.notifier.reloading()
+        try:
+            new = replace(configfile.load(self.config_path), **self.overrides)
+        except ConfigError as e:
+            log.error("action=reload-refused error=%r (the running configuration and presets stay)", str(e))
+            return
+        fixed = [k for k in RESTART_KEYS if getattr(new, k) != getattr(self.config, k)]
+        if fixed:
+            log.warning("action=reload keys=%s needs=restart (running values kept)", ",".join(fixed))
+            new = replace(new, **{k: getattr(self.config, k) for k in fixed})
+        changed = [f.name for f in fields(Config) if getattr(new, f.name) != getattr(self.config, f.name)]
+        self.config = new
+        self.sampler.interval = new.sample_interval_ms / 1000.0
+        self.engine.reserved_cpus, self.engine.max_stall_ms = new.reserved_cpus, new.max_stall_ms
+        self.presets = Presets.load(list(new.presets_dirs))
+        log.info("action=reloaded changed=%s presets=%s errors=%d", ",".join(changed) or "-",
+                 ",".join(sorted(self.presets.by_name)), len(self.presets.errors))
         for e in self.presets.errors:
             log.warning("action=preset-invalid error=%r", e)
 
@@ -136,12 +174,38 @@ class Daemon:
                 return
             self.wake.clear()
             try:
-                if self._reload.is_set():
+                reloaded = self._reload.is_set()
+                if reloaded:
                     self._reload.clear()
-                    self.reload_presets()
+                    self.reload()
                 self.resync()
+                if reloaded:
+                    self.notifier.ready(self.summary())
             except Exception:
                 log.exception("action=resync-failed")
+
+    # -- health ---------------------------------------------------------
+    def summary(self) -> str:
+        """One line for systemd's STATUS=."""
+        snap = self.snapshot
+        doms = snap.domains if snap else ()
+        managed = sum(1 for d in doms if self.engine.plan.cell_of(d.uuid))
+        errors = sum(1 for d in doms if d.error or d.uuid in self.engine.plan.rejected)
+        text = (f"{len(doms)} guests observed, {managed} managed, {errors} with policy errors; "
+                f"libvirt {'connected' if self.source.connected else 'disconnected'}")
+        return text + ("; paused by cosched reset" if self.engine.paused else "")
+
+    def healthy(self, threads: list[threading.Thread], now: float) -> bool:
+        """Worker threads alive and the sampler still sampling."""
+        if self.sampler.samples != self._samples_seen:
+            self._samples_seen, self._sampled_at = self.sampler.samples, now
+        dead = [t.name for t in threads if not t.is_alive()]
+        stalled = now - self._sampled_at > STALL_SECONDS
+        if (dead or stalled) and not self._unhealthy:
+            log.error("action=unhealthy dead_threads=%s sampler_stalled=%s (watchdog no longer fed)",
+                      ",".join(dead) or "-", stalled)
+        self._unhealthy = bool(dead or stalled)
+        return not self._unhealthy
 
     # -- status ---------------------------------------------------------
     def request(self, what: str) -> dict:
@@ -173,6 +237,8 @@ class Daemon:
             costop = dict(es.costop)
             engine = {
                 "paused": self.engine.paused,
+                "max_stall_limit_ms": self.engine.max_stall_ms,
+                "reserved_cpus": list(self.engine.reserved_cpus),
                 "realtime_switcher": es.realtime,
                 "switches": dict(es.switches),
                 "forced_thaws": es.forced_thaws,
@@ -268,9 +334,14 @@ class Daemon:
             t.start()
         log.info("version=%s connect=%s metrics=%s dry_run=%s action=started", __version__, self.config.connect,
                  self.config.metrics_address, self.dry_run)
-        while not self.stop.wait(1.0):
-            pass
+        self.notifier.ready(self.summary())
+        tick = min(1.0, self.notifier.watchdog_interval or 1.0)
+        while not self.stop.wait(tick):
+            if self.healthy(threads, time.monotonic()):
+                self.notifier.watchdog()
+            self.notifier.status(self.summary())
         log.info("action=stopping")
+        self.notifier.stopping()
         self.wake.set()
         for t in threads:
             t.join(timeout=5)

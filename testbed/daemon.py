@@ -1,6 +1,7 @@
 """Run ``cosched daemon`` as a subprocess, for tests, the demo and benchmarks."""
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -30,11 +31,13 @@ class DaemonProcess:
         self.log = self.tmp / "daemon.log"
         self.proc: subprocess.Popen | None = None
 
-    def start(self, *args: str) -> "DaemonProcess":
+    def start(self, *args: str, env: dict | None = None) -> "DaemonProcess":
+        """Start it (``env``: extra environment variables) and wait until it answers."""
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "cosched", "daemon", "--config", str(self.config),
              "--metrics-address", f"127.0.0.1:{self.port}", *args],
-            stdout=subprocess.DEVNULL, stderr=open(self.log, "w"), start_new_session=True)
+            stdout=subprocess.DEVNULL, stderr=open(self.log, "w"), start_new_session=True,
+            env={**os.environ, **(env or {})})
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if self.status() is not None:

@@ -200,9 +200,9 @@ class Sampler:
 
     def run(self, stop: threading.Event) -> None:
         """Sample every ``interval`` on an absolute schedule until ``stop``."""
-        period = int(self.interval * 1e9)
         deadline = time.monotonic_ns()
         while not stop.is_set():
+            period = int(self.interval * 1e9)          # a reload may change it
             try:
                 self.step()
             except Exception:  # never let one bad sample end sampling
