@@ -5,16 +5,31 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 APT_PACKAGES := qemu-system-x86 libvirt-daemon-system libvirt-clients libvirt-dev \
-                pkg-config gcc libc6-dev python3-venv python3-dev
+                pkg-config gcc libc6-dev python3-venv python3-dev systemd
+# for the deploy tests (promtool, a Prometheus server); without its recommended exporters
+APT_PACKAGES_LEAN := prometheus
 
-.PHONY: deps venv image services test unit integration demo bench bench-smoke clean
+# `make install` destinations (each can be overridden, e.g. for a staged install)
+PREFIX ?= /usr/local
+BINDIR ?= $(PREFIX)/bin
+SHAREDIR ?= $(PREFIX)/share/cosched
+DOCDIR ?= $(PREFIX)/share/doc/cosched
+LIBDIR ?= /opt/cosched
+SYSCONFDIR ?= /etc/cosched
+UNITDIR ?= /etc/systemd/system
+
+.PHONY: deps venv image services test unit integration demo bench bench-smoke install uninstall clean
+
+missing = $$(for p in $(1); do \
+	    dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done)
 
 deps:
-	@missing=$$(for p in $(APT_PACKAGES); do \
-	    dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
-	if [ -n "$$missing" ]; then \
-	    echo "installing:" $$missing; \
-	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
+	@missing=$(call missing,$(APT_PACKAGES)); lean=$(call missing,$(APT_PACKAGES_LEAN)); \
+	if [ -n "$$missing$$lean" ]; then \
+	    echo "installing:" $$missing $$lean; \
+	    apt-get update -q && \
+	    { [ -z "$$missing" ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; } && \
+	    { [ -z "$$lean" ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$lean; }; \
 	fi
 
 $(VENV)/.installed: setup.cfg pyproject.toml | deps
@@ -50,6 +65,37 @@ bench: image services
 # a small run of the same harness, under five minutes
 bench-smoke: image services
 	$(PY) -m benchmarks.suite --guests 3 --workloads barrier,blocking --modes batch,cfs,gang --reps 1 --seconds 4
+
+# The package in its own virtualenv ($(LIBDIR)), the command, the systemd unit,
+# the configuration example (never over an existing one), dashboards, alert rules.
+install: deps
+	$(PYTHON) -m venv $(LIBDIR)
+	$(LIBDIR)/bin/pip install -q --upgrade pip
+	$(LIBDIR)/bin/pip install -q .
+	install -d $(BINDIR) $(UNITDIR) $(SYSCONFDIR)/policies.d $(DOCDIR) \
+	    $(SHAREDIR)/grafana/dashboards $(SHAREDIR)/grafana/provisioning/dashboards \
+	    $(SHAREDIR)/grafana/provisioning/datasources $(SHAREDIR)/prometheus
+	ln -sfn $(LIBDIR)/bin/cosched $(BINDIR)/cosched
+	test -e $(SYSCONFDIR)/cosched.toml || install -m 0644 deploy/cosched.toml $(SYSCONFDIR)/cosched.toml
+	sed -e 's#/usr/local/bin/cosched#$(BINDIR)/cosched#g' -e 's#/etc/cosched/#$(SYSCONFDIR)/#g' \
+	    -e 's#/usr/local/share/doc/cosched#$(DOCDIR)#g' deploy/systemd/cosched.service > $(UNITDIR)/cosched.service
+	install -m 0644 deploy/grafana/dashboards/*.json $(SHAREDIR)/grafana/dashboards/
+	sed -e 's#/usr/local/share/cosched#$(SHAREDIR)#g' deploy/grafana/provisioning/dashboards/cosched.yaml \
+	    > $(SHAREDIR)/grafana/provisioning/dashboards/cosched.yaml
+	install -m 0644 deploy/grafana/provisioning/datasources/*.yaml $(SHAREDIR)/grafana/provisioning/datasources/
+	install -m 0644 deploy/prometheus/*.yml $(SHAREDIR)/prometheus/
+	install -m 0644 README.md $(DOCDIR)/
+	if [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
+	@echo "installed; next: edit $(SYSCONFDIR)/cosched.toml, then systemctl enable --now cosched"
+
+# Removes what install put in place; keeps a configuration the operator changed.
+uninstall:
+	if [ -d /run/systemd/system ]; then systemctl disable --now cosched.service || true; fi
+	rm -f $(UNITDIR)/cosched.service $(BINDIR)/cosched
+	rm -rf $(LIBDIR) $(SHAREDIR) $(DOCDIR)
+	if cmp -s deploy/cosched.toml $(SYSCONFDIR)/cosched.toml; then rm -f $(SYSCONFDIR)/cosched.toml; fi
+	rmdir $(SYSCONFDIR)/policies.d $(SYSCONFDIR) 2>/dev/null || echo "kept $(SYSCONFDIR): it holds your configuration"
+	if [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,49 @@
+"""``make install`` and ``make uninstall`` into a temporary root, for real.
+
+Every destination of the Makefile is pointed under a temporary directory,
+so the package gets its own virtualenv there, the unit, configuration,
+dashboards and rules land where the unit and provisioning files say, and
+uninstall takes them away again (keeping a configuration the operator
+edited).
+"""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def make(target: str, root: Path) -> subprocess.CompletedProcess:
+    dests = [f"PREFIX={root}/usr/local", f"LIBDIR={root}/opt/cosched", f"SYSCONFDIR={root}/etc/cosched",
+             f"UNITDIR={root}/etc/systemd/system"]
+    r = subprocess.run(["make", "-s", "-C", str(REPO), target, *dests], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r
+
+
+def test_install_then_uninstall(tmp_path):
+    root = tmp_path / "root"
+    make("install", root)
+    cosched = root / "usr/local/bin/cosched"
+    config = root / "etc/cosched/cosched.toml"
+    unit = root / "etc/systemd/system/cosched.service"
+    share = root / "usr/local/share/cosched"
+
+    r = subprocess.run([str(cosched), "check-config", str(config)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr          # also finds the built-in presets in the venv
+    text = unit.read_text()
+    assert f"ExecStart={cosched} daemon --config {config}" in text
+    assert f"ExecStopPost={cosched} reset --config {config}" in text
+    r = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True)
+    assert r.returncode == 0 and "cosched.service" not in r.stderr, r.stderr
+    assert sorted(p.name for p in (share / "grafana/dashboards").iterdir()) == ["cosched-guest.json", "cosched-host.json"]
+    assert f"path: {share}/grafana/dashboards" in (share / "grafana/provisioning/dashboards/cosched.yaml").read_text()
+    assert (share / "prometheus/cosched-alerts.yml").exists()
+    assert (root / "usr/local/share/doc/cosched/README.md").exists()
+
+    config.write_text(config.read_text() + "reserved_cpus = [0]\n")     # the operator's own setting
+    make("uninstall", root)
+    for gone in (cosched, unit, share, root / "opt/cosched", root / "usr/local/share/doc/cosched"):
+        assert not gone.exists(), gone
+    assert "reserved_cpus = [0]" in config.read_text()

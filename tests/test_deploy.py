@@ -1,0 +1,117 @@
+"""Every file in deploy/ checked by the tools that will read it.
+
+The unit by ``systemd-analyze verify``, the alert rules by ``promtool check
+rules`` and ``promtool test rules``, the dashboards and provisioning files by
+their structure (tests/integration/test_prometheus.py then runs every
+dashboard query and alert rule against a real Prometheus). The tools come
+from Debian's systemd and prometheus packages, which ``make test`` installs.
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
+DASHBOARDS = sorted((DEPLOY / "grafana" / "dashboards").glob("*.json"))
+UNIT = DEPLOY / "systemd" / "cosched.service"
+
+
+def run(*cmd, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
+
+
+def unit_options(text: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if "=" in line and not line.lstrip().startswith(("#", "[")):
+            key, value = line.split("=", 1)
+            out.setdefault(key.strip(), []).append(value.strip())
+    return out
+
+
+def test_unit_verifies(tmp_path):
+    # verify checks that ExecStart's binary exists: point it at this checkout's command
+    cosched = Path(sys.executable).parent / "cosched"
+    unit = tmp_path / "cosched.service"
+    unit.write_text(UNIT.read_text().replace("/usr/local/bin/cosched", str(cosched)))
+    r = run("systemd-analyze", "verify", str(unit))
+    assert r.returncode == 0 and "cosched.service" not in r.stderr, r.stderr
+
+
+def test_unit_is_a_watched_notify_service_that_resets_after_any_exit():
+    opts = unit_options(UNIT.read_text())
+    assert opts["Type"] == ["notify"] and opts["Restart"] == ["on-failure"]
+    assert opts["WatchdogSec"] and opts["ExecStopPost"][0].split()[1:2] == ["reset"]
+    assert any("libvirtd.service" in a and "virtqemud.service" in a for a in opts["After"])
+    # hardening must leave cgroup writes and realtime scheduling possible
+    for forbidden in ("ProtectControlGroups", "RestrictRealtime", "ProtectKernelTunables"):
+        assert forbidden not in opts, forbidden
+    assert "CAP_SYS_NICE" in opts["CapabilityBoundingSet"][0]
+
+
+def test_alert_rules_check_and_unit_tests_pass():
+    prom = DEPLOY / "prometheus"
+    r = run("promtool", "check", "rules", "cosched-alerts.yml", cwd=prom)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "SUCCESS: 6 rules found" in r.stdout
+    r = run("promtool", "test", "rules", "cosched-alerts.test.yml", cwd=prom)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_every_alert_has_a_test():
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "cosched-alerts.yml").read_text())
+    names = {r["alert"] for g in rules["groups"] for r in g["rules"]}
+    tests = yaml.safe_load((DEPLOY / "prometheus" / "cosched-alerts.test.yml").read_text())
+    tested = {t["alertname"] for case in tests["tests"] for t in case["alert_rule_test"] if t["exp_alerts"]}
+    assert names == tested
+
+
+def test_scrape_snippet_names_the_job_and_the_rules():
+    cfg = yaml.safe_load((DEPLOY / "prometheus" / "scrape-cosched.yml").read_text())
+    assert [j["job_name"] for j in cfg["scrape_configs"]] == ["cosched"]      # CoschedDown matches job="cosched"
+    assert cfg["rule_files"][0].endswith("cosched-alerts.yml")
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
+def test_dashboard_shape(path):
+    text = path.read_text()
+    d = json.loads(text)
+    assert d["uid"] in ("cosched-host", "cosched-guest") and "${DS_" not in text
+    variables = {v["name"]: v for v in d["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    assert "domain" in variables and "instance" in variables
+    ids = [p["id"] for p in d["panels"]]
+    assert len(ids) == len(set(ids))
+    for p in d["panels"]:
+        assert p["datasource"]["uid"] == "${datasource}", p["title"]
+        assert p["targets"] and all(t["expr"] and t["datasource"]["uid"] == "${datasource}" for t in p["targets"])
+        for t in p["targets"]:
+            names = set(re.findall(r"\b(cosched_[a-z_]+|process_[a-z_]+)", t["expr"]))
+            assert names, t["expr"]
+
+
+def test_dashboards_cover_the_metrics_that_matter():
+    exprs = " ".join(t["expr"] for path in DASHBOARDS for p in json.loads(path.read_text())["panels"] for t in p["targets"])
+    for metric in ("cosched_domain_info", "cosched_domain_policy_error", "cosched_vcpu_run_seconds_total",
+                   "cosched_vcpu_wait_seconds_total", "cosched_vcpu_costop_seconds_total",
+                   "cosched_domain_concurrency_hazard_seconds_total", "cosched_domain_skew_seconds_bucket",
+                   "cosched_switches_total", "cosched_switch_latency_seconds_bucket"):
+        assert metric in exprs, metric
+
+
+def test_grafana_provisioning():
+    ds = yaml.safe_load((DEPLOY / "grafana" / "provisioning" / "datasources" / "cosched-prometheus.yaml").read_text())
+    assert ds["apiVersion"] == 1 and ds["datasources"][0]["type"] == "prometheus"
+    dash = yaml.safe_load((DEPLOY / "grafana" / "provisioning" / "dashboards" / "cosched.yaml").read_text())
+    (provider,) = dash["providers"]
+    assert provider["type"] == "file"
+    # where `make install` puts the dashboards (its default SHAREDIR)
+    makefile = (DEPLOY.parent / "Makefile").read_text()
+    assert "PREFIX ?= /usr/local" in makefile and "SHAREDIR ?= $(PREFIX)/share/cosched" in makefile
+    assert provider["options"]["path"] == "/usr/local/share/cosched/grafana/dashboards"
+
