@@ -26,11 +26,14 @@ def test_harness_writes_results_summary_and_plots(libvirtd, guest_image, tmp_pat
     assert modes == ["alone", "batch", "cfs", "gang"]
     for r in res["runs"]:
         assert len(r["per_guest"]) == r["guests"]
-        for g in r["per_guest"].values():
-            assert g["iters"] > 0 and g["rate"] > 0 and sum(g["hist"].values()) > 0, (r["mode"], g)
+        progressed = [g["iters"] > 0 and g["rate"] > 0 and sum(g["hist"].values()) > 0 for g in r["per_guest"].values()]
+        # the host scheduler may starve a guest for the whole interval (the problem
+        # itself); alone, in batch turns and in gang slots every guest runs
+        assert any(progressed) if r["mode"] == "cfs" else all(progressed), (r["mode"], r["per_guest"])
+        for g, ran in zip(r["per_guest"].values(), progressed):
             assert 0 <= g["hazard"] <= 1
             if r["mode"] != "batch":
-                assert 0 <= g["trace"]["hazard"] <= 1 and g["trace"]["events"] > 0
+                assert 0 <= g["trace"]["hazard"] <= 1 and (g["trace"]["events"] > 0 or not ran)
     gang = next(r for r in res["runs"] if r["mode"] == "gang")
     assert gang["switches"] > 0 and gang["switch_latency_p99_ms"] is not None
 
