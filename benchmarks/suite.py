@@ -303,8 +303,9 @@ def run(args) -> dict:
         for wl in args.workloads:
             gs: list[guests.Guest] = []
             for n in counts:
-                while len(gs) < n:
-                    gs.append(boot(f"{PREFIX}{len(gs)}", wl, args.vcpus, img))
+                with paused(gs):            # busy guests under CFS can starve a booting one
+                    while len(gs) < n:
+                        gs.append(boot(f"{PREFIX}{len(gs)}", wl, args.vcpus, img))
                 daemon.wait(lambda: all(daemon.domain(g.name) for g in gs), 10, "guests observed")
                 for rep in range(args.reps):
                     ideal = None
