@@ -103,9 +103,10 @@ class Guest:
                         line[k] = {int(b): int(n) for b, n in (p.split(":") for p in v.split(","))}
                     elif v.isdigit():
                         line[k] = int(v)
-                out.append(line)
             except ValueError:
                 continue        # a line cut short by a guest being destroyed
+            if "t_ms" in line and "iters" in line:   # not one the guest kernel's output broke into
+                out.append(line)
         return out
 
     def wait_for(self, text: str, timeout: float = 60.0) -> None:
