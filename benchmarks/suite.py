@@ -46,7 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import libvirt
@@ -57,6 +57,7 @@ from benchmarks import report
 from benchmarks.stats import (RUNNABLE, RUNNING, SLEEPING, hist_delta, states_at, timelines, trace_figures,
                               window_skews)
 from benchmarks.trace import SchedTrace
+from cosched.sampler import read_schedstat, read_state
 from testbed import guests, image, services
 from testbed.daemon import DaemonProcess
 
@@ -182,13 +183,12 @@ def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: f
         if d["name"] in {g.name for g in gs}:
             tids[d["name"]] = {v["tid"] for v in d["vcpus"]}
             pids.update({v["tid"]: d["pid"] for v in d["vcpus"]})
-    tracer = SchedTrace(set().union(*tids.values())) if truth and mode != "batch" else None
+    tracing = truth and mode != "batch"
     first = {g.name: len(g.results()) for g in gs}
     turn: dict[str, tuple] = {}     # batch: each guest's lines at the end of its turn, and the turn's length
-    if tracer:
-        tracer.__enter__()
-        time.sleep(0.5)                       # events before t0 give each thread's state at t0
-    try:
+    with SchedTrace(set().union(*tids.values())) if tracing else nullcontext() as tracer:
+        if tracer:
+            time.sleep(0.5)                   # events before t0 give each thread's state at t0
         s0, c0, t0, p0 = scrape(daemon), cpu_seconds(daemon.proc.pid), time.monotonic(), proc_states(pids)
         if mode == "batch":
             with paused(gs):
@@ -203,9 +203,6 @@ def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: f
             time.sleep(seconds)
         s1, c1, t1, p1 = scrape(daemon), cpu_seconds(daemon.proc.pid), time.monotonic(), proc_states(pids)
         last = {g.name: turn[g.name][0] if g.name in turn else g.results() for g in gs}
-    finally:
-        if tracer:
-            tracer.__exit__(None, None, None)
     per_guest = {}
     for g in gs:
         w = guest_window(last[g.name], first[g.name])
@@ -238,11 +235,11 @@ def proc_states(pids: dict[int, int]) -> dict[int, tuple[bool, int]]:
     out = {}
     for tid, pid in pids.items():
         try:
-            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_bytes().rpartition(b")")[2].split()
-            run = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
-            out[tid] = (stat[0] == b"R", run)
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as stat, \
+                    open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as schedstat:
+                out[tid] = (read_state(stat.fileno())[0], read_schedstat(schedstat.fileno())[0])
         except (OSError, IndexError, ValueError):
-            pass
+            pass                        # the thread is gone
     return out
 
 
