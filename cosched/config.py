@@ -31,10 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
+from cosched.compat import tomllib
 
 DEFAULT_PATH = "/etc/cosched/cosched.toml"
 

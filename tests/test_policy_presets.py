@@ -17,9 +17,9 @@ def test_site_preset_adds_and_overrides(tmp_path):
     (tmp_path / "fast-gang.toml").write_text('policy = "gang"\n[parameters]\nquantum-ms = 10\n')
     (tmp_path / "boost.toml").write_text('policy = "boost"\n[parameters]\nwindow-ms = 5\n')
     presets = Presets.load([tmp_path])
-    assert presets.spec("fast-gang", {}, "annotation").param("quantum-ms") == 10
-    assert presets.spec("boost", {}, "annotation").param("window-ms") == 5
-    assert presets.spec("fast-gang", {"quantum-ms": "30"}, "annotation").param("quantum-ms") == 30
+    assert dict(presets.spec("fast-gang", {}, "annotation").params)["quantum-ms"] == 10
+    assert dict(presets.spec("boost", {}, "annotation").params)["window-ms"] == 5
+    assert dict(presets.spec("fast-gang", {"quantum-ms": "30"}, "annotation").params)["quantum-ms"] == 30
 
 
 @pytest.mark.parametrize("text,needle", [

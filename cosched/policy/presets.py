@@ -8,23 +8,18 @@ A preset is a TOML file whose stem is its name::
     [parameters]
     quantum-ms = 20
 
-Built-in presets ship in ``policies/``; files in the site directories
+Built-in presets ship in the package (``cosched/policies/``); files in the site directories
 (default ``/etc/cosched/policies.d``) add presets or replace built-in ones of
 the same name. A broken preset file is reported and skipped; it never stops
 the others from loading.
 """
 from __future__ import annotations
 
-import os
-import sys
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
-
+from cosched.compat import Traversable, tomllib
 from cosched.model import PolicySpec
 from cosched.policy.params import ParamError, resolve
 
@@ -32,19 +27,10 @@ SITE_DIR = "/etc/cosched/policies.d"
 _TOP_KEYS = {"policy", "description", "parameters"}
 
 
-def builtin_dir() -> Path:
-    """Where the built-in presets are: the source tree, or the installed copy."""
-    candidates = [
-        os.environ.get("COSCHED_PRESETS_DIR"),
-        Path(__file__).resolve().parents[2] / "policies",
-        Path(sys.prefix) / "share" / "cosched" / "policies",
-        Path("/usr/local/share/cosched/policies"),
-        Path("/usr/share/cosched/policies"),
-    ]
-    for c in candidates:
-        if c and (Path(c) / "none.toml").is_file():
-            return Path(c)
-    raise FileNotFoundError("built-in presets not found (looked for policies/none.toml)")
+def builtin_dir() -> Traversable:
+    """The built-in presets: package data (``cosched/policies/*.toml``), found
+    through :mod:`importlib.resources` wherever and however the package is installed."""
+    return resources.files("cosched") / "policies"
 
 
 @dataclass(frozen=True)
@@ -60,7 +46,7 @@ class PresetError(ValueError):
     pass
 
 
-def load_preset(path: Path) -> Preset:
+def load_preset(path: Path | Traversable) -> Preset:
     """Parse and validate one preset file; :class:`PresetError` names the fault."""
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -79,7 +65,7 @@ def load_preset(path: Path) -> Preset:
         resolved = resolve(kind, params, {})
     except ParamError as e:
         raise PresetError(f"{path}: {e}") from None
-    return Preset(path.stem, kind, str(data.get("description", "")), resolved, str(path))
+    return Preset(path.name.removesuffix(".toml"), kind, str(data.get("description", "")), resolved, str(path))
 
 
 @dataclass(frozen=True)
@@ -91,11 +77,19 @@ class Presets:
 
     @classmethod
     def load(cls, dirs: list[Path | str] | None = None) -> "Presets":
-        dirs = [builtin_dir(), *(dirs if dirs is not None else [SITE_DIR])]
+        dirs = [builtin_dir(), *(Path(d) for d in (dirs if dirs is not None else [SITE_DIR]))]
         by_name: dict[str, Preset] = {}
         errors: list[str] = []
         for d in dirs:
-            for path in sorted(Path(d).glob("*.toml")):
+            try:
+                files = sorted((f for f in d.iterdir() if f.name.endswith(".toml") and f.is_file()),
+                               key=lambda f: f.name)
+            except (FileNotFoundError, NotADirectoryError):
+                continue                          # no site directory: built-in presets only
+            except OSError as e:
+                errors.append(f"{d}: {e.strerror}")
+                continue
+            for path in files:
                 try:
                     preset = load_preset(path)
                 except PresetError as e:
