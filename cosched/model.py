@@ -63,9 +63,6 @@ class PolicySpec:
     params: tuple[tuple[str, object], ...] = ()
     source: str = "default"                    # "annotation" or "default"
 
-    def param(self, name: str):
-        return dict(self.params)[name]
-
 
 @dataclass(frozen=True)
 class Vcpu:

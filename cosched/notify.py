@@ -39,10 +39,6 @@ class Notifier:
             for key in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"):
                 os.environ.pop(key, None)
 
-    @property
-    def enabled(self) -> bool:
-        return bool(self.address)
-
     def send(self, *lines: str) -> bool:
         """Send one message; False (and a log line) when it could not be sent."""
         if not self.address:

@@ -91,7 +91,7 @@ def test_snapshot_with_valid_invalid_and_default(fake, fs):
              DomainFacts("vm3", UUID.replace("2", "8"), "<domain><name>vm3</name></domain>")]
     snap = build_snapshot(fs, facts, Presets.load([]), "none")
     vm1, vm2, vm3 = snap.domains
-    assert vm1.policy.preset == "gang" and vm1.policy.param("quantum-ms") == 20 and vm1.error is None
+    assert vm1.policy.preset == "gang" and dict(vm1.policy.params)["quantum-ms"] == 20 and vm1.error is None
     assert vm2.policy is None and "quantum-ms" in vm2.error
     assert [v.tid for v in vm2.vcpus] == [201]          # still observed
     assert vm3.policy.preset == "none" and vm3.policy.source == "default"

@@ -4,7 +4,8 @@ from cosched.discovery import build_snapshot
 from cosched.discovery.libvirt import DomainFacts
 from cosched.policy.presets import Presets
 from cosched.sampler import Sampler
-from cosched.sampler.estimate import Histogram, VcpuCarry, estimate, hazard_bounds, place
+from cosched.histogram import Histogram
+from cosched.sampler.estimate import VcpuCarry, estimate, hazard_bounds, place
 
 MS = 1e-3
 UUID = "11111111-2222-3333-4444-555555555555"

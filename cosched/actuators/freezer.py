@@ -5,12 +5,23 @@ the v2 tree, on pure v2 and hybrid hosts alike, so one vCPU can be stopped
 without touching its siblings. Writing ``1`` asks the kernel to freeze; the
 cgroup is frozen once ``cgroup.events`` says ``frozen 1`` (about 0.1 ms for one
 vCPU). Thawing (``0``) takes effect at once.
+
+The journal entry (kind ``freeze``) holds the file's value before cosched's
+first write; restoring writes it back.
 """
 from __future__ import annotations
 
 import time
 
+from cosched.actuators.journal import Gone
 from cosched.hostfs import HostFS
+from cosched.kernel import events_frozen
+
+KIND = "freeze"
+
+
+def events_file(freeze_file: str) -> str:
+    return freeze_file.rsplit("/", 1)[0] + "/cgroup.events"
 
 
 def set_frozen(fs: HostFS, path: str, frozen: bool) -> None:
@@ -19,8 +30,8 @@ def set_frozen(fs: HostFS, path: str, frozen: bool) -> None:
 
 
 def is_frozen(fs: HostFS, freeze_file: str) -> bool:
-    events = fs.read(freeze_file.rsplit("/", 1)[0] + "/cgroup.events")
-    return "frozen 1" in events.splitlines()
+    """What ``cgroup.events`` says now; OSError when the cgroup is gone."""
+    return bool(events_frozen(fs.read(events_file(freeze_file))))
 
 
 def wait_frozen(fs: HostFS, freeze_files: list[str], frozen: bool, timeout: float = 0.05,
@@ -49,3 +60,36 @@ def wait_frozen(fs: HostFS, freeze_files: list[str], frozen: bool, timeout: floa
         if not pending or time.monotonic() > deadline:
             break
     return pending
+
+
+class FreezerKnob:
+    """Record, restore and verify ``cgroup.freeze`` files."""
+
+    kind = KIND
+
+    def __init__(self, fs: HostFS):
+        self.fs = fs
+
+    def record(self, path: str) -> tuple[str, dict] | None:
+        """The journal entry of the file's current value (None if the cgroup is gone)."""
+        value = self.fs.read_or(path)
+        if value is None:
+            return None
+        return f"{KIND}:{path}", {"kind": KIND, "path": path, "original": value.strip()}
+
+    def restore(self, entry: dict) -> None:
+        if not self.fs.exists(entry["path"]):
+            raise Gone(f"{entry['path']} is gone")
+        self.fs.write(entry["path"], entry["original"])
+
+    def verify(self, entry: dict) -> bool:
+        value = self.fs.read_or(entry["path"])
+        if value is None:
+            return True
+        if value.strip() != entry["original"]:
+            return False
+        # a thaw takes effect at once; a freeze only once the threads trap
+        return entry["original"] == "1" or not events_frozen(self.fs.read_or(events_file(entry["path"])))
+
+    def exists(self, entry: dict) -> bool:
+        return self.fs.exists(entry["path"])

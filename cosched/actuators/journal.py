@@ -1,22 +1,29 @@
 """The state journal: every original value, recorded before the first write.
 
-A JSON file under the state directory (``/run/cosched/journal.json``: tmpfs,
-so it outlives a crashed daemon but not a reboot, exactly like the changes it
-undoes). It is rewritten atomically (write, fsync, rename) on every change.
+A file under the state directory (``/run/cosched/journal``: tmpfs, so it
+outlives a crashed daemon but not a reboot, exactly like the changes it
+undoes), rewritten atomically (write, fsync, rename) on every change.
 
-Entries, keyed so that the first recording wins:
+Format (version 2), one self-checking line per entry, in the spirit of
+kubelet's checksummed checkpoints, so that damage loses only what it hit::
 
-``file``  ``{"path", "original", "depth"}``: a cgroup file (``cgroup.freeze``,
-          ``cpu.rt_runtime_us``); restored deepest first, because a parent's
-          RT runtime cannot drop below what its children hold.
-``sched`` ``{"tid", "start_time", "policy", "priority"}``: a thread's scheduling
-          policy; restored only if the thread with that start time still
-          exists (a reused TID belongs to someone else).
-``pin``   ``{"uuid", "name", "vcpu", "cpumap"}``: libvirt's live vCPU pinning;
-          restored through libvirt.
+    cosched-journal 2
+    <crc32 hex> {"key": "...", "entry": {...}}
+    ...
+    end <number of entries> <crc32 hex of the entry lines>
 
-Restoring an entry whose target is gone (thread exited, cgroup removed,
-domain stopped) counts as done: there is nothing left to put back.
+Loading keeps every line whose checksum holds. A damaged line, a missing or
+wrong ``end`` line (a truncated file) or an unreadable file is reported in
+:attr:`Journal.damage` and logged as an error; the damaged file is kept
+beside the journal (``.damaged``) for inspection, and ``cosched reset``
+restores what was recovered and says what could not be. Version 1 journals
+(one JSON document) are still read.
+
+Each entry belongs to one knob, named by its ``kind``, and only that knob's
+module knows how to restore it: ``sched`` (:mod:`~cosched.actuators.sched`),
+``freeze`` (:mod:`~cosched.actuators.freezer`), ``rt``
+(:mod:`~cosched.actuators.rt_runtime`), ``pin``
+(:mod:`~cosched.actuators.pinning`). Keys make the first recording win.
 """
 from __future__ import annotations
 
@@ -25,43 +32,130 @@ import json
 import logging
 import os
 import threading
-from typing import Callable
-
-from cosched.hostfs import HostFS
+import zlib
+from typing import Callable, Mapping, Protocol
 
 log = logging.getLogger("cosched.journal")
 
 GONE = (errno.ENOENT, errno.ESRCH, errno.ENODEV)
+HEADER = "cosched-journal 2"
+# Restore order: threads back to their policy before their group's RT runtime
+# drops; freeze files; RT runtime deepest first; pinning last.
+ORDER = ("sched", "freeze", "rt", "pin")
+
+
+class Gone(Exception):
+    """The target of an entry no longer exists (thread exited, cgroup removed,
+    domain stopped): there is nothing left to restore."""
+
+
+class Knob(Protocol):
+    kind: str
+
+    def restore(self, entry: dict) -> None: ...
+
+    def verify(self, entry: dict) -> bool: ...
+
+
+def _crc(text: str) -> str:
+    return f"{zlib.crc32(text.encode()):08x}"
+
+
+def _v1_entry(e: dict) -> dict:
+    """A version 1 entry in version 2 terms."""
+    if e.get("kind") == "file":
+        kind = "rt" if e["path"].endswith("cpu.rt_runtime_us") else "freeze"
+        return {"kind": kind, "path": e["path"], "original": e["original"], "depth": e["path"].count("/")}
+    if e.get("kind") == "sched" and "attr" not in e:
+        return {"kind": "sched", "tid": e["tid"], "start_time": e["start_time"],
+                "attr": {"policy": e["policy"], "priority": e["priority"]}}
+    return e
+
+
+def parse(text: str) -> tuple[dict[str, dict], list[str]]:
+    """(entries recovered, damage found) from a journal file's text."""
+    if text.lstrip().startswith("{"):
+        try:
+            data = json.loads(text)
+            return {k: _v1_entry(v) for k, v in dict(data["entries"]).items()}, []
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            return {}, [f"version 1 journal unreadable: {e}"]
+    lines = text.split("\n")
+    entries: dict[str, dict] = {}
+    damage: list[str] = []
+    if lines[0] != HEADER:
+        damage.append(f"line 1: header {lines[0][:40]!r}, expected {HEADER!r}")
+    body, end = [], None
+    for number, line in enumerate(lines[1:], start=2):
+        if not line:
+            continue
+        if line.startswith("end "):
+            end = (number, line)
+            break
+        body.append(line)
+        crc, _, payload = line.partition(" ")
+        try:
+            if crc != _crc(payload):
+                raise ValueError("checksum mismatch")
+            record = json.loads(payload)
+            entries[record["key"]] = record["entry"]
+        except (ValueError, KeyError, TypeError) as e:
+            damage.append(f"line {number}: {e}: {line[:120]!r}")
+    if end is None:
+        damage.append(f"no end line after line {len(lines)}: the file was cut short, later entries may be lost")
+    else:
+        parts = end[1].split()
+        if parts[1:] != [str(len(body)), _crc("\n".join(body))]:
+            damage.append(f"line {end[0]}: end line {end[1]!r} does not match the {len(body)} entry lines before it")
+    return entries, damage
+
+
+def render(entries: Mapping[str, dict]) -> str:
+    body = []
+    for key in sorted(entries):
+        payload = json.dumps({"key": key, "entry": entries[key]}, sort_keys=True, separators=(",", ":"))
+        body.append(f"{_crc(payload)} {payload}")
+    return "\n".join([HEADER, *body, f"end {len(body)} {_crc(chr(10).join(body))}", ""])
 
 
 class Journal:
     def __init__(self, path: str):
         self.path = path
         self.lock = threading.Lock()
+        self.damage: list[str] = []
         self.entries: dict[str, dict] = self._load()
 
     def _load(self) -> dict[str, dict]:
         try:
-            with open(self.path, encoding="utf-8") as f:
-                data = json.load(f)
+            with open(self.path, "rb") as f:
+                raw = f.read()
         except FileNotFoundError:
             return {}
-        except (OSError, ValueError) as e:
-            log.error("journal=%s action=unreadable error=%r (moved aside)", self.path, str(e))
-            os.replace(self.path, self.path + ".corrupt")
+        except OSError as e:
+            self.damage = [f"cannot read: {e.strerror}"]
+            log.error("journal=%s action=unreadable error=%r: the originals it held are lost", self.path, e.strerror)
             return {}
-        return dict(data.get("entries", {}))
+        entries, self.damage = parse(raw.decode("utf-8", "replace"))
+        if self.damage:
+            aside = self.path + ".damaged"
+            with open(aside, "wb") as f:
+                f.write(raw)
+            for d in self.damage:
+                log.error("journal=%s action=damaged %s", self.path, d)
+            log.error("journal=%s action=recovered entries=%d damaged=%d kept_as=%s: originals on damaged "
+                      "lines cannot be restored automatically", self.path, len(entries), len(self.damage), aside)
+        return entries
 
     def _save(self) -> None:
         os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
         tmp = self.path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"version": 1, "entries": self.entries}, f, indent=1, sort_keys=True)
+            f.write(render(self.entries))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
 
-    def record(self, new: dict[str, dict]) -> None:
+    def record(self, new: Mapping[str, dict]) -> None:
         """Record originals not recorded yet (the first recording wins)."""
         with self.lock:
             added = {k: v for k, v in new.items() if k not in self.entries}
@@ -81,55 +175,48 @@ class Journal:
         return len(self.entries)
 
 
-def file_entry(path: str, original: str) -> tuple[str, dict]:
-    return f"file:{path}", {"kind": "file", "path": path, "original": original, "depth": path.count("/")}
+def _describe(e: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in e.items() if k not in ("kind", "cpumap", "depth", "attr")) + (
+        f" attr={e['attr']}" if "attr" in e else "")
 
 
-def sched_entry(tid: int, start_time: int, policy: str, priority: int) -> tuple[str, dict]:
-    return f"sched:{tid}:{start_time}", {"kind": "sched", "tid": tid, "start_time": start_time,
-                                         "policy": policy, "priority": priority}
-
-
-def pin_entry(uuid: str, name: str, vcpu: int, cpumap: list[bool]) -> tuple[str, dict]:
-    return f"pin:{uuid}:{vcpu}", {"kind": "pin", "uuid": uuid, "name": name, "vcpu": vcpu, "cpumap": cpumap}
-
-
-def restore(journal: Journal, fs: HostFS, set_policy: Callable[[int, str, int], None],
-            thread_start: Callable[[int], int | None],
-            pin: Callable[[str, int, list[bool]], None] | None, kinds=("sched", "file", "pin"),
+def restore(journal: Journal, knobs: Mapping[str, Knob], kinds=ORDER,
             only: Callable[[dict], bool] = lambda e: True) -> list[str]:
-    """Put back every original of the given kinds (and matching ``only``);
-    return what could not be restored.
+    """Put back every original of the given kinds (and matching ``only``),
+    each through its own knob; return what could not be restored.
 
-    Order: thread policies first (a FIFO thread must be back to normal before
-    its group's RT runtime can drop), then files deepest first, then pinning.
+    An entry whose target is gone is done. Any other failure, an unknown kind
+    or a malformed entry included, is reported and the entry stays in the
+    journal for the next try.
     """
     problems: list[str] = []
     done: list[str] = []
+    rank = {k: i for i, k in enumerate(ORDER)}
     entries = sorted(journal.entries.items(),
-                     key=lambda kv: (("sched", "file", "pin").index(kv[1]["kind"]), -kv[1].get("depth", 0)))
+                     key=lambda kv: (rank.get(kv[1].get("kind"), len(ORDER)), -kv[1].get("depth", 0), kv[0]))
     for key, e in entries:
-        if e["kind"] not in kinds or not only(e):
+        known = e.get("kind") in ORDER
+        if (known and e.get("kind") not in kinds) or (not known and tuple(kinds) != ORDER) or not only(e):
+            continue
+        knob = knobs.get(e.get("kind"))
+        if knob is None:
+            problems.append(f"{key}: no knob restores entries of kind {e.get('kind')!r}")
             continue
         try:
-            if e["kind"] == "sched":
-                if thread_start(e["tid"]) == e["start_time"]:
-                    set_policy(e["tid"], e["policy"], e["priority"])
-            elif e["kind"] == "file":
-                fs.write(e["path"], e["original"])
-            elif e["kind"] == "pin":
-                if pin is None:
-                    problems.append(f"domain {e['name']} vcpu {e['vcpu']}: pinning not restored: libvirt unreachable")
-                    continue
-                pin(e["uuid"], e["vcpu"], e["cpumap"])
+            knob.restore(e)
+        except Gone:
             done.append(key)
-            log.info("action=restored %s", " ".join(f"{k}={v}" for k, v in e.items() if k not in ("kind", "cpumap", "depth")))
-        except LookupError:                   # the domain is gone: nothing to restore
-            done.append(key)
+            continue
         except OSError as err:
             if err.errno in GONE:
                 done.append(key)
             else:
                 problems.append(f"{key}: {os.strerror(err.errno) if err.errno else err}")
+            continue
+        except Exception as err:            # a bad entry or a bug: say so, keep the entry
+            problems.append(f"{key}: {type(err).__name__}: {err}")
+            continue
+        done.append(key)
+        log.info("action=restored kind=%s %s", e["kind"], _describe(e))
     journal.forget(done)
     return problems

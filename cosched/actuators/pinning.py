@@ -3,11 +3,19 @@
 libvirt owns the vCPU cpuset cgroups and records pinning in the live domain
 XML, so cosched pins through libvirt rather than writing cpuset files under
 it. Each managed vCPU gets one host CPU, siblings on distinct CPUs (balance
-scheduling); the original cpumap is journaled first and restored afterwards.
+scheduling). The journal entry (kind ``pin``) holds one vCPU's live cpumap
+before cosched's first pin; restoring pins it back.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import libvirt
+
+from cosched.actuators.journal import Gone
+from cosched.virt import domain_gone
+
+KIND = "pin"
 
 
 def cpumap_for(cpus, host_cpus: int) -> tuple[bool, ...]:
@@ -15,7 +23,9 @@ def cpumap_for(cpus, host_cpus: int) -> tuple[bool, ...]:
 
 
 class LibvirtPinner:
-    def __init__(self, conn_getter):
+    """Live vCPU pinning of one libvirt connection (``conn_getter`` returns it, or None)."""
+
+    def __init__(self, conn_getter: Callable[[], "libvirt.virConnect | None"]):
         self._conn = conn_getter
 
     def _dom(self, uuid: str) -> libvirt.virDomain:
@@ -42,7 +52,38 @@ class LibvirtPinner:
 
 
 def _error(uuid: str, e: libvirt.libvirtError) -> Exception:
-    """A stopped domain is a LookupError (nothing to do); anything else an OSError."""
-    if e.get_error_code() in (libvirt.VIR_ERR_NO_DOMAIN, libvirt.VIR_ERR_OPERATION_INVALID):
-        return LookupError(uuid)
+    """A stopped domain is :class:`Gone` (nothing to do); anything else an OSError."""
+    if domain_gone(e):
+        return Gone(f"domain {uuid} is not running")
     return OSError(0, f"domain {uuid}: {e.get_error_message()}")
+
+
+class PinKnob:
+    """Record, restore and verify live vCPU pinning, through a pinner
+    (:class:`LibvirtPinner` or a test's fake); ``pinner`` None means libvirt is unreachable."""
+
+    kind = KIND
+
+    def __init__(self, pinner):
+        self.pinner = pinner
+
+    def record(self, uuid: str, name: str) -> dict[str, dict]:
+        """Journal entries of every vCPU's live cpumap (read now)."""
+        return {f"{KIND}:{uuid}:{index}": {"kind": KIND, "uuid": uuid, "name": name, "vcpu": index,
+                                           "cpumap": list(cpumap)}
+                for index, cpumap in enumerate(self._pinner().current(uuid))}
+
+    def _pinner(self):
+        if self.pinner is None:
+            raise ConnectionError("libvirt is unreachable")
+        return self.pinner
+
+    def restore(self, entry: dict) -> None:
+        self._pinner().pin(entry["uuid"], entry["vcpu"], entry["cpumap"])
+
+    def verify(self, entry: dict) -> bool:
+        try:
+            current = self._pinner().current(entry["uuid"])
+        except Gone:
+            return True
+        return entry["vcpu"] >= len(current) or list(current[entry["vcpu"]]) == list(entry["cpumap"])

@@ -1,27 +1,161 @@
-"""SCHED_FIFO boosts of vCPU threads, and the RT runtime they need.
+"""The scheduling policy of vCPU threads: read, apply, restore, verify.
 
-``os.sched_setscheduler`` raises a vCPU thread to SCHED_FIFO so ordinary
-(CFS) tasks cannot preempt it. On kernels built with RT group scheduling
-(``CONFIG_RT_GROUP_SCHED``: ``cpu.rt_runtime_us`` exists in the v1 cpu
-controller) that fails with EPERM unless every cgroup on the thread's cpu
-path holds RT runtime; ``Host.rt_chain`` lists those files. The switcher hands runtime out top-down
-and takes it back bottom-up (a parent cannot hold less than its children). Most distribution
-kernels lack the option and need no grants.
+cosched raises a vCPU thread above ordinary tasks (a boost) and must put back
+exactly what was there: policy, realtime priority, nice value and, for
+SCHED_DEADLINE, runtime, deadline and period. ``os.sched_setscheduler`` can
+express neither nice nor deadline parameters, so this module speaks the
+kernel's ``sched_getattr(2)`` / ``sched_setattr(2)`` directly, through libc's
+``syscall``. :data:`cosched.kernel.POLICIES` is the one table of policy names.
+
+The journal entry (kind ``sched``) names the thread by TID *and* start time:
+a TID the kernel has since given to another thread is not touched.
 """
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
+import platform
+from dataclasses import asdict, dataclass
 
+from cosched.actuators.journal import Gone
 from cosched.hostfs import HostFS
+from cosched.kernel import POLICIES, REALTIME, parse_stat, policy_name
 
-POLICIES = {"other": os.SCHED_OTHER, "fifo": os.SCHED_FIFO, "rr": os.SCHED_RR,
-            "batch": getattr(os, "SCHED_BATCH", 3), "idle": getattr(os, "SCHED_IDLE", 5)}
+KIND = "sched"
+
+# syscall numbers: x86_64 and the generic table (arm64, riscv64), ppc64, s390x
+_SYSCALLS = {"x86_64": (314, 315), "aarch64": (274, 275), "riscv64": (274, 275),
+             "ppc64le": (355, 356), "ppc64": (355, 356), "s390x": (345, 346)}
+FAIR = ("other", "batch")
+_KEEP_FLAGS = 0x07        # SCHED_FLAG_RESET_ON_FORK | RECLAIM | DL_OVERRUN: flags that describe the thread
 
 
-def set_policy(tid: int, policy: str, priority: int = 0) -> None:
-    """Set a thread's policy by name (``other``, ``fifo``, ...)."""
-    os.sched_setscheduler(tid, POLICIES[policy], os.sched_param(priority if policy in ("fifo", "rr") else 0))
+class _Attr(ctypes.Structure):
+    """``struct sched_attr``, version 0 (48 bytes)."""
+
+    _fields_ = [("size", ctypes.c_uint32), ("sched_policy", ctypes.c_uint32), ("sched_flags", ctypes.c_uint64),
+                ("sched_nice", ctypes.c_int32), ("sched_priority", ctypes.c_uint32),
+                ("sched_runtime", ctypes.c_uint64), ("sched_deadline", ctypes.c_uint64),
+                ("sched_period", ctypes.c_uint64)]
 
 
-def read_runtime(fs: HostFS, path: str) -> int:
-    return int(fs.read(path).strip())
+@dataclass(frozen=True)
+class SchedAttr:
+    """A thread's complete scheduling attributes."""
+
+    policy: str = "other"        # a name from cosched.kernel.POLICIES
+    priority: int = 0            # realtime priority (fifo, rr)
+    nice: int = 0                # other, batch
+    runtime_ns: int = 0          # deadline
+    deadline_ns: int = 0
+    period_ns: int = 0
+    flags: int = 0               # SCHED_FLAG_RESET_ON_FORK and friends
+
+    def __post_init__(self):
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown scheduling policy {self.policy!r} (known: {', '.join(POLICIES)})")
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "SchedAttr":
+        return cls(**data)
+
+    def __str__(self) -> str:
+        if self.policy == "deadline":
+            return f"deadline(runtime={self.runtime_ns}ns deadline={self.deadline_ns}ns period={self.period_ns}ns)"
+        return f"{self.policy}/{self.priority}" if self.policy in REALTIME else f"{self.policy}(nice {self.nice})"
+
+
+_libc = None
+
+
+def _syscall(index: int, *args) -> None:
+    global _libc
+    numbers = _SYSCALLS.get(platform.machine())
+    if numbers is None:
+        raise OSError(errno.ENOSYS, f"sched_getattr/sched_setattr: unknown syscall numbers on {platform.machine()}")
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    if _libc.syscall(ctypes.c_long(numbers[index]), *args) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def get_attr(tid: int) -> SchedAttr:
+    """The thread's scheduling attributes (``sched_getattr``)."""
+    attr = _Attr()
+    _syscall(1, ctypes.c_int(tid), ctypes.byref(attr), ctypes.c_uint(ctypes.sizeof(attr)), ctypes.c_uint(0))
+    policy = policy_name(attr.sched_policy)
+    if policy != "deadline":
+        # For fair tasks the kernel reports its time slice in sched_runtime;
+        # writing it back would pin a custom slice, so it is not part of the record.
+        attr.sched_runtime = attr.sched_deadline = attr.sched_period = 0
+    return SchedAttr(policy=policy, priority=attr.sched_priority, nice=attr.sched_nice,
+                     runtime_ns=attr.sched_runtime, deadline_ns=attr.sched_deadline, period_ns=attr.sched_period,
+                     flags=attr.sched_flags & _KEEP_FLAGS)
+
+
+def set_attr(tid: int, want: SchedAttr) -> None:
+    """Give the thread exactly these attributes (``sched_setattr``).
+
+    The kernel applies ``sched_nice`` only to fair policies (other, batch) and
+    keeps the nice value of idle, realtime and deadline threads, so for those
+    it is set separately (``setpriority``).
+    """
+    attr = _Attr(size=ctypes.sizeof(_Attr), sched_policy=POLICIES[want.policy], sched_flags=want.flags & _KEEP_FLAGS,
+                 sched_nice=want.nice, sched_priority=want.priority if want.policy in REALTIME else 0,
+                 sched_runtime=want.runtime_ns, sched_deadline=want.deadline_ns, sched_period=want.period_ns)
+    _syscall(0, ctypes.c_int(tid), ctypes.byref(attr), ctypes.c_uint(0))
+    if want.policy not in FAIR:
+        os.setpriority(os.PRIO_PROCESS, tid, want.nice)
+
+
+def thread_start(fs: HostFS, tid: int) -> int | None:
+    """Start time of thread ``tid`` (None if gone): with the TID, it names one thread for good."""
+    stat = parse_stat(fs.read_or(f"/proc/{tid}/stat") or "")
+    return stat.start_time if stat else None
+
+
+class SchedKnob:
+    """Apply, record, restore and verify thread scheduling attributes.
+
+    ``get`` and ``set`` default to the real system calls; tests pass fakes,
+    so no test ever reaches a real host thread.
+    """
+
+    kind = KIND
+
+    def __init__(self, fs: HostFS, get=None, set=None):
+        self.fs = fs
+        self.get = get or (lambda tid: get_attr(tid))
+        self.set = set or (lambda tid, attr: set_attr(tid, attr))
+
+    def record(self, tid: int, start_time: int) -> tuple[str, dict]:
+        """The journal entry holding the thread's current attributes (read now)."""
+        return f"sched:{tid}:{start_time}", {"kind": KIND, "tid": tid, "start_time": start_time,
+                                             "attr": self.get(tid).to_json()}
+
+    def apply(self, tid: int, attr: SchedAttr) -> None:
+        self.set(tid, attr)
+
+    def _same_thread(self, entry: dict) -> None:
+        if thread_start(self.fs, entry["tid"]) != entry["start_time"]:
+            raise Gone(f"thread {entry['tid']} has exited")
+
+    def restore(self, entry: dict) -> None:
+        self._same_thread(entry)
+        self.set(entry["tid"], SchedAttr.from_json(entry["attr"]))
+
+    def verify(self, entry: dict) -> bool:
+        """True when the thread holds its recorded attributes again, or is gone."""
+        try:
+            self._same_thread(entry)
+            return self.get(entry["tid"]) == SchedAttr.from_json(entry["attr"])
+        except (Gone, ProcessLookupError):
+            return True
+
+    def exists(self, entry: dict) -> bool:
+        return thread_start(self.fs, entry["tid"]) == entry["start_time"]

@@ -19,6 +19,8 @@ from typing import Callable
 
 import libvirt
 
+from cosched.virt import domain_gone
+
 log = logging.getLogger("cosched.discovery")
 
 _EVENTS = (
@@ -28,6 +30,7 @@ _EVENTS = (
     "VIR_DOMAIN_EVENT_ID_DEVICE_REMOVED",
     "VIR_DOMAIN_EVENT_ID_TUNABLE",
 )
+_CLOSE_REASONS = {0: "error", 1: "eof", 2: "keepalive", 3: "client"}   # VIR_CONNECT_CLOSE_REASON_*
 _loop_lock = threading.Lock()
 _loop_started = False
 
@@ -76,6 +79,10 @@ class LibvirtSource:
     def connected(self) -> bool:
         return self.conn is not None and not self._lost.is_set()
 
+    def live_conn(self) -> "libvirt.virConnect | None":
+        """The connection while it is up, else None."""
+        return self.conn if self.connected else None
+
     def ensure_connected(self) -> bool:
         """Open (or reopen) the connection if due; True when connected."""
         if self.conn is not None and self._lost.is_set():
@@ -118,6 +125,7 @@ class LibvirtSource:
         log.warning("libvirt=%s action=disconnected", self.uri)
 
     def _closed(self, _conn, reason, _opaque):
+        log.warning("libvirt=%s action=connection-closed reason=%s", self.uri, _CLOSE_REASONS.get(reason, reason))
         self._lost.set()
         self.on_change()
 
@@ -146,7 +154,7 @@ class LibvirtSource:
             try:
                 facts.append(DomainFacts(dom.name(), dom.UUIDString(), dom.XMLDesc(0)))
             except libvirt.libvirtError as e:
-                if e.get_error_code() in (libvirt.VIR_ERR_NO_DOMAIN, libvirt.VIR_ERR_OPERATION_INVALID):
+                if domain_gone(e):
                     continue
                 log.warning("libvirt=%s action=read-failed error=%r", self.uri, e.get_error_message())
                 self.lost()

@@ -16,12 +16,11 @@ from __future__ import annotations
 import re
 
 from cosched.hostfs import HostFS, parse_cpu_list
+from cosched.kernel import ProcStat, events_frozen, parse_stat
 from cosched.model import Vcpu
 
 _COMM = re.compile(r"^CPU (\d+)/(KVM|TCG|HVF|WHPX|NVMM)$")
 _VCPU_CG = re.compile(r"/vcpu(\d+)$")
-# /proc/PID/stat policy numbers (include/uapi/linux/sched.h)
-SCHED_NAMES = {0: "other", 1: "fifo", 2: "rr", 3: "batch", 5: "idle", 6: "deadline"}
 
 
 def find_qemu_pid(fs: HostFS, name: str, uuid: str) -> int | None:
@@ -70,16 +69,9 @@ def _cgroups(text: str) -> tuple[int | None, str | None, str | None]:
     return index, v2, cpu
 
 
-def thread_stat(fs: HostFS, tid: int, pid: int | None = None) -> tuple[str, int, int] | None:
-    """(scheduling policy name, rt priority, start time) of a thread, None if gone."""
-    path = f"/proc/{pid}/task/{tid}/stat" if pid else f"/proc/{tid}/stat"
-    fields = (fs.read_or(path) or "").rpartition(")")[2].split()
-    # after "pid (comm)": state is field 3, so field n is fields[n - 3]:
-    # starttime 22, rt_priority 40, policy 41
-    if len(fields) < 39:
-        return None
-    policy, prio, start = int(fields[38]), int(fields[37]), int(fields[19])
-    return SCHED_NAMES.get(policy, str(policy)), prio, start
+def thread_stat(fs: HostFS, tid: int, pid: int | None = None) -> ProcStat | None:
+    """The thread's ``stat`` fields, None if it is gone."""
+    return parse_stat(fs.read_or(f"/proc/{pid}/task/{tid}/stat" if pid else f"/proc/{tid}/stat") or "")
 
 
 def _affinity(fs: HostFS, pid: int, tid: int) -> tuple[int, ...]:
@@ -89,11 +81,11 @@ def _affinity(fs: HostFS, pid: int, tid: int) -> tuple[int, ...]:
     return ()
 
 
-def _frozen(fs: HostFS, cgroup2_mount: str | None, path: str | None) -> bool:
-    if not cgroup2_mount or not path:
-        return False
-    events = fs.read_or(f"{cgroup2_mount}{path}/cgroup.events") or ""
-    return "frozen 1" in events.splitlines()
+def frozen(fs: HostFS, cgroup2_mount: str | None, path: str | None) -> bool | None:
+    """Whether the v2 cgroup ``path`` is frozen now (None without such a cgroup)."""
+    if not cgroup2_mount or not path or path == "/":
+        return None
+    return events_frozen(fs.read_or(f"{cgroup2_mount}{path}/cgroup.events"))
 
 
 def vcpu_threads(fs: HostFS, pid: int, cgroup2_mount: str | None) -> tuple[tuple[Vcpu, ...], tuple[str, ...]]:
@@ -119,16 +111,25 @@ def vcpu_threads(fs: HostFS, pid: int, cgroup2_mount: str | None) -> tuple[tuple
         stat = thread_stat(fs, tid, pid)
         if stat is None:
             continue                                  # exited while we looked
-        sched, prio, start = stat
         found[index] = Vcpu(
             index=index,
             tid=tid,
             cgroup2=v2,
             cpu_cgroup=cpu_cg,
-            start_time=start,
+            start_time=stat.start_time,
             cpus=_affinity(fs, pid, tid),
-            sched=sched,
-            priority=prio,
-            frozen=_frozen(fs, cgroup2_mount, v2),
+            sched=stat.policy,
+            priority=stat.rt_priority,
+            frozen=bool(frozen(fs, cgroup2_mount, v2)),
         )
     return tuple(found[i] for i in sorted(found)), tuple(warnings)
+
+
+def live_state(fs: HostFS, cgroup2_mount: str | None, vcpu: Vcpu, pid: int | None) -> dict:
+    """A vCPU's frozen and scheduling state read now (``frozen``, ``sched``,
+    ``priority``), falling back to the snapshot's for what cannot be read."""
+    now = frozen(fs, cgroup2_mount, vcpu.cgroup2)
+    stat = thread_stat(fs, vcpu.tid, pid)
+    return {"frozen": vcpu.frozen if now is None else now,
+            "sched": stat.policy if stat else vcpu.sched,
+            "priority": stat.rt_priority if stat else vcpu.priority}

@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from cosched.hostfs import HostFS
+from cosched.kernel import parse_stat
 from cosched.model import Snapshot
-from cosched.sampler.estimate import Histogram, VcpuCarry, estimate, place
+from cosched.histogram import Histogram
+from cosched.sampler.estimate import VcpuCarry, estimate, place
 
 log = logging.getLogger("cosched.sampler")
 
@@ -81,15 +83,14 @@ def read_schedstat(fd: int) -> tuple[int, int]:
 
 def read_state(fd: int | None) -> tuple[bool, int | None]:
     """Whether the thread is running or runnable (state ``R``), and the host
-    CPU it is on, from an open ``stat`` descriptor (fields 3 and 39; the
-    command name before them is in parentheses and may hold spaces)."""
+    CPU it is on, from an open ``stat`` descriptor."""
     if fd is None:
         return False, None
     try:
-        fields = os.pread(fd, 1024, 0).rpartition(b")")[2].split()
-        return fields[0] == b"R", int(fields[36])
-    except (OSError, IndexError, ValueError):
+        stat = parse_stat(os.pread(fd, 1024, 0))
+    except OSError:
         return False, None
+    return (stat.runnable, stat.cpu) if stat else (False, None)
 
 
 class Sampler:

@@ -1,0 +1,113 @@
+"""RT runtime grants (``cpu.rt_runtime_us``) on kernels with RT group scheduling.
+
+With ``CONFIG_RT_GROUP_SCHED`` (the v1 ``cpu`` controller has
+``cpu.rt_runtime_us``) a thread may only run SCHED_FIFO/SCHED_RR if every
+cgroup on its cpu path holds RT runtime; ``Host.rt_chain`` lists those files,
+top-down (machine, domain, vcpuN). These files sit outside libvirt's
+delegation at the top of the chain: cosched journals each original before its
+first write and restores it on exit. Most distribution kernels lack the option
+and need no grants.
+
+The kernel refuses a parent holding less than its children, so grants shrink
+deepest first and grow top first. Grants are static while a guest is managed:
+revoking runtime between slots leaves the throttle's debt, and vCPUs then
+fail to freeze for 50 ms and more (measured on the development hosts).
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+from cosched.actuators.journal import GONE, Gone
+from cosched.hostfs import HostFS
+
+KIND = "rt"
+
+
+def read_runtime(fs: HostFS, path: str) -> int:
+    return int(fs.read(path).strip())
+
+
+def depth(path: str) -> int:
+    return path.count("/")
+
+
+class RtGrants:
+    """The grants one process holds, each file's original kept until it is released.
+
+    ``grant`` makes the held set exactly ``wanted`` (files missing from it go
+    back to their originals); ``release_all`` puts every original back.
+    Errors never raise: ``on_error(path, message, fatal)`` hears of each,
+    ``fatal`` when a grant could not be made (the boosts that needed it must
+    not be attempted).
+    """
+
+    def __init__(self, fs: HostFS, on_error: Callable[[str, str, bool], None]):
+        self.fs = fs
+        self.on_error = on_error
+        self.originals: dict[str, str] = {}
+
+    def _write(self, path: str, value: int | str) -> None:
+        if path not in self.originals:
+            self.originals[path] = self.fs.read(path).strip()
+        self.fs.write(path, str(value))
+
+    def grant(self, wanted: dict[str, int]) -> set[str]:
+        """Hold exactly ``wanted``; return the paths whose grant failed."""
+        self.release([p for p in self.originals if p not in wanted])
+        current = {p: int(self.fs.read_or(p, "0") or 0) for p in wanted}
+        failed: set[str] = set()
+        for p in sorted((p for p in wanted if wanted[p] < current[p]), key=lambda p: -depth(p)):
+            try:
+                self._write(p, wanted[p])
+            except OSError as e:
+                if e.errno not in GONE:
+                    self.on_error(p, f"rt runtime {p}: {os.strerror(e.errno)}", False)
+        for p in sorted(wanted, key=depth):
+            if wanted[p] > current.get(p, 0):
+                try:
+                    self._write(p, wanted[p])
+                except OSError as e:
+                    if e.errno not in GONE:
+                        failed.add(p)
+                        self.on_error(p, f"RT runtime grant {p}={wanted[p]} failed: {os.strerror(e.errno)}", True)
+        return failed
+
+    def release(self, paths) -> None:
+        """Put these files back to their originals, deepest first."""
+        for p in sorted({p for p in paths if p in self.originals}, key=lambda p: -depth(p)):
+            try:
+                self.fs.write(p, self.originals.pop(p))
+            except OSError as e:
+                if e.errno not in GONE:
+                    self.on_error(p, f"rt runtime restore {p}: {os.strerror(e.errno)}", False)
+
+    def release_all(self) -> None:
+        self.release(list(self.originals))
+
+
+class RtRuntimeKnob:
+    """Record, restore and verify ``cpu.rt_runtime_us`` files (restored deepest first)."""
+
+    kind = KIND
+
+    def __init__(self, fs: HostFS):
+        self.fs = fs
+
+    def record(self, path: str) -> tuple[str, dict] | None:
+        value = self.fs.read_or(path)
+        if value is None:
+            return None
+        return f"{KIND}:{path}", {"kind": KIND, "path": path, "original": value.strip(), "depth": depth(path)}
+
+    def restore(self, entry: dict) -> None:
+        if not self.fs.exists(entry["path"]):
+            raise Gone(f"{entry['path']} is gone")
+        self.fs.write(entry["path"], entry["original"])
+
+    def verify(self, entry: dict) -> bool:
+        value = self.fs.read_or(entry["path"])
+        return value is None or value.strip() == entry["original"]
+
+    def exists(self, entry: dict) -> bool:
+        return self.fs.exists(entry["path"])

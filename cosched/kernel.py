@@ -1,0 +1,58 @@
+"""Kernel file formats, each parsed in exactly one place.
+
+* ``/proc/PID/task/TID/stat``: :func:`parse_stat` (the command name sits in
+  parentheses and may hold spaces and parentheses, so fields are counted from
+  the last ``)``);
+* ``cgroup.events`` of a cgroup v2 directory: :func:`events_frozen`;
+* scheduling policy numbers (``include/uapi/linux/sched.h``): :data:`POLICIES`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The one table of scheduling policies: name <-> number.
+POLICIES = {"other": 0, "fifo": 1, "rr": 2, "batch": 3, "idle": 5, "deadline": 6, "ext": 7}
+POLICY_NAMES = {n: name for name, n in POLICIES.items()}
+REALTIME = ("fifo", "rr")
+
+
+def policy_name(number: int) -> str:
+    """``other``, ``fifo``, ... for a policy number; an unknown one as its digits."""
+    return POLICY_NAMES.get(number, str(number))
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    """The fields of ``/proc/.../stat`` cosched uses."""
+
+    state: str            # field 3: R running or runnable, S sleeping, ...
+    start_time: int       # field 22: clock ticks after boot; tells a reused TID apart
+    cpu: int              # field 39: the CPU it last ran on
+    rt_priority: int      # field 40
+    policy: str           # field 41, by name
+
+    @property
+    def runnable(self) -> bool:
+        return self.state == "R"
+
+
+def parse_stat(text: str | bytes) -> ProcStat | None:
+    """The fields of one ``stat`` line, or None when the line is cut short."""
+    if isinstance(text, bytes):
+        text = text.decode("ascii", "replace")
+    fields = text.rpartition(")")[2].split()
+    # fields[0] is field 3 (state), so field n is fields[n - 3]
+    if len(fields) < 39:
+        return None
+    try:
+        return ProcStat(state=fields[0], start_time=int(fields[19]), cpu=int(fields[36]),
+                        rt_priority=int(fields[37]), policy=policy_name(int(fields[38])))
+    except ValueError:
+        return None
+
+
+def events_frozen(text: str | None) -> bool | None:
+    """Whether ``cgroup.events`` says the cgroup is frozen (None without the file)."""
+    if text is None:
+        return None
+    return "frozen 1" in text.splitlines()
