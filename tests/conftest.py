@@ -1,14 +1,36 @@
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE / "guard"))
 
 from fakehost import FakeHost  # noqa: E402
+from guard_rules import install  # noqa: E402
 
 from cosched.hostfs import HostFS  # noqa: E402
+
+# The scheduling guard (tests/guard): in this process, and in every Python
+# process a test starts (daemons, switchers, the CLI) through sitecustomize.
+GUARD_LOG = Path(os.environ.setdefault("COSCHED_TEST_GUARD_LOG", f"/tmp/cosched-test-guard-{os.getpid()}.log"))
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE / "guard"), os.environ.get("PYTHONPATH")]))
+install()
+
+
+@pytest.fixture(autouse=True)
+def scheduling_guard():
+    """Fail the test if anything it ran tried to change the scheduling of a
+    thread that is not a test guest's vCPU (or its own)."""
+    before = GUARD_LOG.stat().st_size if GUARD_LOG.exists() else 0
+    yield
+    if GUARD_LOG.exists() and GUARD_LOG.stat().st_size > before:
+        with open(GUARD_LOG) as f:
+            f.seek(before)
+            pytest.fail("scheduling guard: a real host thread was targeted:\n" + f.read())
 
 
 @pytest.fixture

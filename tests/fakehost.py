@@ -1,6 +1,7 @@
 """A fake host tree (/proc, /sys, cgroupfs, /run) under a temporary root."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 HYBRID_MOUNTINFO = """\
@@ -67,3 +68,78 @@ class FakeHost:
 
     def freeze(self, cgroup: str, frozen: bool) -> None:
         self.write(f"{self.cg2}{cgroup}/cgroup.events", f"populated 1\nfrozen {int(frozen)}\n")
+
+
+class FakeSched:
+    """Thread scheduling attributes held in a dict: a SchedKnob's get/set for
+    tests, so no test reaches a real thread."""
+
+    def __init__(self, fail: dict | None = None):
+        from cosched.actuators.sched import SchedAttr
+        self.default = SchedAttr()
+        self.attrs: dict[int, object] = {}
+        self.calls: list[tuple[int, object]] = []
+        self.fail = fail or {}            # policy name -> errno
+
+    def get(self, tid):
+        return self.attrs.get(tid, self.default)
+
+    def set(self, tid, attr):
+        if attr.policy in self.fail:
+            import os
+            raise OSError(self.fail[attr.policy], os.strerror(self.fail[attr.policy]))
+        self.calls.append((tid, attr))
+        self.attrs[tid] = attr
+
+    def knob(self, fs):
+        from cosched.actuators.sched import SchedKnob
+        return SchedKnob(fs, get=self.get, set=self.set)
+
+
+class ThreadSwitcher:
+    """The real switch loop (``cosched.engine.switcher.serve``) in a thread of
+    the test process, over pipes, shaped like the ``subprocess.Popen`` the
+    engine normally gets: an Engine ``switcher_factory``."""
+
+    def __init__(self, fs, sched_knob, realtime: bool = True):
+        import io
+        import threading
+
+        from cosched.engine.switcher import Switcher, serve
+        down_r, down_w = os.pipe()
+        up_r, up_w = os.pipe()
+        self.stdin = io.TextIOWrapper(os.fdopen(down_w, "wb"), write_through=True)
+        self.stdout = os.fdopen(up_r, "r")
+        self._up = os.fdopen(up_w, "w")
+        self.pid = f"thread-{id(self)}"
+        self.switcher = Switcher(fs, 500_000_000, sched=sched_knob)
+
+        def run():
+            try:
+                serve(self.switcher, down_r, self._write, realtime)
+            finally:
+                os.close(down_r)
+                self._up.close()
+        self._thread = threading.Thread(target=run, name="test-switcher", daemon=True)
+        self._thread.start()
+
+    def _write(self, line):
+        self._up.write(line)
+        self._up.flush()
+
+    def poll(self):
+        return None if self._thread.is_alive() else 0
+
+    def wait(self, timeout=None):
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            import subprocess
+            raise subprocess.TimeoutExpired("test-switcher", timeout)
+        return 0
+
+    def kill(self):
+        self.stdin.close()
+
+    @classmethod
+    def factory(cls, fs, sched_knob):
+        return lambda env: cls(fs, sched_knob)

@@ -1,5 +1,9 @@
-"""The engine against a fake host tree, with the real switcher process."""
+"""The engine against a fake host tree, with the real switch loop in a thread
+and a fake scheduling knob: nothing here reaches a real host thread."""
+from fakehost import FakeSched, ThreadSwitcher
+
 from cosched.actuators.journal import Journal
+from cosched.actuators.sched import SchedAttr
 from cosched.discovery import build_snapshot
 from cosched.discovery.libvirt import DomainFacts
 from cosched.engine import Engine
@@ -39,16 +43,24 @@ def snapshot(fake, fs, n, xml=GANG):
     return build_snapshot(fs, facts, Presets.load([]), "none")
 
 
+def engine_for(fs, journal, pinner, sched=None, **kw):
+    knob = (sched or FakeSched()).knob(fs)
+    return Engine(fs, journal, pinner, sched=knob, switcher_factory=ThreadSwitcher.factory(fs, knob), **kw)
+
+
 def test_reconcile_journals_pins_after_the_rotation_and_restores(fake, fs, tmp_path):
-    journal = Journal(str(tmp_path / "run/journal.json"))
+    journal = Journal(str(tmp_path / "run/journal"))
     pinner = FakePinner()
-    engine = Engine(fs, journal, pinner)
+    sched = FakeSched()
+    sched.attrs = {101: SchedAttr("batch", nice=4)}
+    engine = engine_for(fs, journal, pinner, sched)
     try:
         plan = engine.reconcile(snapshot(fake, fs, 2))
         assert [m.name for m in plan.cells[0].members] == ["vm0", "vm1"]
         # originals journaled: freeze files, thread policies, pinning
         kinds = sorted({e["kind"] for e in journal.entries.values()})
-        assert kinds == ["file", "pin", "sched"]
+        assert kinds == ["freeze", "pin", "sched"]
+        assert journal.entries["sched:101:1101"]["attr"] == SchedAttr("batch", nice=4).to_json()
         # the switcher confirmed the plan, then each vCPU got its own CPU
         assert sorted(pinner.calls) == sorted([(u, 0, (True, False)) for u in UUIDS[:2]] +
                                               [(u, 1, (False, True)) for u in UUIDS[:2]])
@@ -67,9 +79,9 @@ def test_reconcile_journals_pins_after_the_rotation_and_restores(fake, fs, tmp_p
 
 
 def test_guest_leaving_management_is_unpinned_and_thawed(fake, fs, tmp_path):
-    journal = Journal(str(tmp_path / "run/journal.json"))
+    journal = Journal(str(tmp_path / "run/journal"))
     pinner = FakePinner()
-    engine = Engine(fs, journal, pinner)
+    engine = engine_for(fs, journal, pinner)
     try:
         engine.reconcile(snapshot(fake, fs, 3))
         none = GANG.replace('name="gang"', 'name="none"')
@@ -85,9 +97,49 @@ def test_guest_leaving_management_is_unpinned_and_thawed(fake, fs, tmp_path):
 
 
 def test_dry_run_writes_nothing(fake, fs, tmp_path):
-    journal = Journal(str(tmp_path / "run/journal.json"))
+    journal = Journal(str(tmp_path / "run/journal"))
     pinner = FakePinner()
-    engine = Engine(fs, journal, pinner, dry_run=True)
+    engine = engine_for(fs, journal, pinner, dry_run=True)
     plan = engine.reconcile(snapshot(fake, fs, 2))
     assert plan.cells and pinner.calls == [] and len(journal) == 0
-    assert engine._proc is None
+    assert engine._proc is None and sched_untouched(engine)
+
+
+def sched_untouched(engine):
+    return not engine.sched.get.__self__.calls
+
+
+def test_a_boosted_rotation_returns_threads_to_their_recorded_attributes(fake, fs, tmp_path):
+    boost = GANG.replace('quantum-ms="200"', 'quantum-ms="200" boost="true"')
+    journal = Journal(str(tmp_path / "run/journal"))
+    sched = FakeSched()
+    originals = {101: SchedAttr("batch", nice=4), 102: SchedAttr("idle", nice=-2),
+                 201: SchedAttr("other", nice=10), 202: SchedAttr("other")}
+    sched.attrs = dict(originals)
+    engine = engine_for(fs, journal, FakePinner(), sched)
+    try:
+        plan = engine.reconcile(snapshot(fake, fs, 2, xml=boost))
+        assert plan.cells[0].members[0].priority > 0
+        assert sched.attrs[101].policy == "fifo" and sched.attrs[201] == originals[201]
+        assert engine.stats().realtime is True
+    finally:
+        assert engine.release() == []
+    assert sched.attrs == originals
+    assert len(journal) == 0
+
+
+def test_a_thread_whose_original_could_not_be_read_is_never_boosted(fake, fs, tmp_path):
+    boost = GANG.replace('quantum-ms="200"', 'quantum-ms="200" boost="true"')
+
+    class Unreadable(FakeSched):
+        def get(self, tid):
+            if tid == 102:
+                raise PermissionError(1, "Operation not permitted")
+            return super().get(tid)
+    sched = Unreadable()
+    engine = engine_for(fs, Journal(str(tmp_path / "run/journal")), FakePinner(), sched)
+    try:
+        engine.reconcile(snapshot(fake, fs, 2, xml=boost))
+        assert all(tid not in (101, 102) for tid, _ in sched.calls)       # vm0 unboosted: 102 unrecorded
+    finally:
+        engine.release()

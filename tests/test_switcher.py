@@ -1,10 +1,10 @@
-"""The switch loop and the journal against fake cgroup trees."""
+"""The switch loop against fake cgroup trees and a fake scheduling knob."""
 import errno
-import json
-import os
 
+from fakehost import FakeSched
 
-from cosched.actuators import journal as jr
+from cosched.actuators.sched import SchedAttr
+from cosched.engine import protocol as pr
 from cosched.engine.switcher import Switcher
 from cosched.hostfs import HostFS
 
@@ -38,16 +38,6 @@ class Clock:
         return self.now
 
 
-class Policies:
-    def __init__(self, fail=None):
-        self.state, self.fail = {}, fail
-
-    def __call__(self, tid, policy, prio):
-        if self.fail and policy == "fifo":
-            raise OSError(self.fail, os.strerror(self.fail))
-        self.state[tid] = (policy, prio)
-
-
 def tree(tmp_path, names=("a", "b", "c"), rt=False):
     fs = FreezerFS(tmp_path)
     for n in names:
@@ -66,17 +56,16 @@ def tree(tmp_path, names=("a", "b", "c"), rt=False):
     return fs
 
 
-def member(n, slot=50, prio=0, rt=False, rt_us=None):
+def member(n, slot=50, prio=0, rt=False, rt_us=None, original=SchedAttr()):
     tid = {"a": 100, "b": 200, "c": 300, "d": 400}[n]
-    chain = lambda i: [f"{CPU}/machine/cpu.rt_runtime_us", f"{CPU}/machine/{n}/cpu.rt_runtime_us",
-                       f"{CPU}/machine/{n}/vcpu{i}/cpu.rt_runtime_us"] if rt else []
-    return {"uuid": n, "name": n, "slot_ms": slot, "priority": prio, "rt_vcpu_us": rt_us,
-            "vcpus": [{"index": i, "tid": tid + i, "freeze": f"{CG2}/machine/{n}/vcpu{i}/cgroup.freeze",
-                       "rt_chain": chain(i)} for i in range(2)]}
+    chain = lambda i: (f"{CPU}/machine/cpu.rt_runtime_us", f"{CPU}/machine/{n}/cpu.rt_runtime_us",
+                       f"{CPU}/machine/{n}/vcpu{i}/cpu.rt_runtime_us") if rt else ()
+    return pr.MemberPlan(n, n, slot, prio, tuple(
+        pr.VcpuPlan(i, tid + i, f"{CG2}/machine/{n}/vcpu{i}/cgroup.freeze", chain(i), original) for i in range(2)), rt_us)
 
 
-def gang(*members, mode="freeze"):
-    return {"type": "plan", "max_stall_ms": 500, "cells": [{"id": "gang", "mode": mode, "members": list(members)}]}
+def gang(*members, mode="freeze", max_stall_ms=500, rt_top_us=None):
+    return pr.Plan(1, max_stall_ms, rt_top_us, (pr.CellPlan("gang", mode, members),))
 
 
 def thawed(fs, names):
@@ -95,10 +84,10 @@ def test_rotation_one_guest_thawed_at_a_time(tmp_path):
         assert sw.tick() == clock.now + 50 * MS
     assert seen == list("abcabcabc")
     stats = sw.take_stats()
-    assert stats["switches"] == {"gang": 9}
-    assert len(stats["latency_ns"]) == 9 and stats["forced_thaws"] == 0
+    assert stats.switches == {"gang": 9}
+    assert len(stats.latency_ns) == 9 and stats.forced_thaws == 0
     # each guest was frozen 100 ms per 150 ms cycle
-    assert stats["costop_ns"]["a/0"] == 3 * 100 * MS   # thawed again at 150, 300 and 450 ms
+    assert pr.Costop("a", 0, 3 * 100 * MS) in stats.costop   # thawed again at 150, 300 and 450 ms
 
 
 def test_freeze_completes_before_thaw(tmp_path):
@@ -112,17 +101,19 @@ def test_freeze_completes_before_thaw(tmp_path):
     assert order == [("a", "1"), ("a", "1"), ("b", "0"), ("b", "0")]
 
 
-def test_release_thaws_and_unboosts_everything(tmp_path):
-    fs, clock, pol = tree(tmp_path), Clock(), Policies()
-    sw = Switcher(fs, 500 * MS, set_policy=pol, clock=clock)
-    sw.apply(gang(member("a", prio=1), member("b", prio=1), member("c", prio=1)))
-    assert pol.state[100] == ("fifo", 1) and 200 not in pol.state
+def test_release_thaws_and_returns_each_boost_to_its_recorded_attributes(tmp_path):
+    fs, clock, sched = tree(tmp_path), Clock(), FakeSched()
+    batch = SchedAttr("batch", nice=5)
+    deadline = SchedAttr("deadline", runtime_ns=1 * MS, deadline_ns=10 * MS, period_ns=10 * MS)
+    sw = Switcher(fs, 500 * MS, sched=sched.knob(fs), clock=clock)
+    sw.apply(gang(member("a", prio=1, original=batch), member("b", prio=1, original=deadline), member("c", prio=1)))
+    assert sched.attrs[100] == SchedAttr("fifo", priority=1) and 200 not in sched.attrs
     clock.now += 50 * MS
     sw.tick()
-    assert pol.state[100] == ("other", 0) and pol.state[200] == ("fifo", 1)
+    assert sched.attrs[100] == batch and sched.attrs[200] == SchedAttr("fifo", priority=1)
     sw.release_all()
     assert thawed(fs, "abc") == list("abc")
-    assert all(p == ("other", 0) for p in pol.state.values())
+    assert sched.attrs == {100: batch, 101: batch, 200: deadline, 201: deadline}
 
 
 def test_removed_guest_is_released_mid_rotation(tmp_path):
@@ -145,13 +136,13 @@ def test_vanished_vcpu_is_harmless(tmp_path):
     clock.now += 50 * MS
     sw.tick()
     assert thawed(fs, "a") == ["a"]
-    assert not sw.take_stats()["errors"]                 # ENOENT is normal life
+    assert not sw.take_stats().errors                    # ENOENT is normal life
 
 
 def test_force_thaw_after_max_stall(tmp_path):
     fs, clock = tree(tmp_path), Clock()
     sw = Switcher(fs, 120 * MS, clock=clock)
-    sw.apply({**gang(member("a", slot=100), member("b", slot=100)), "max_stall_ms": 120})
+    sw.apply(gang(member("a", slot=100), member("b", slot=100), max_stall_ms=120))
     clock.now += 99 * MS
     sw.tick()
     assert thawed(fs, "ab") == ["a"]
@@ -163,11 +154,11 @@ def test_force_thaw_after_max_stall(tmp_path):
 
 def test_eperm_boost_falls_back_to_freeze_only(tmp_path):
     fs, clock = tree(tmp_path), Clock()
-    sw = Switcher(fs, 500 * MS, set_policy=Policies(fail=errno.EPERM), clock=clock)
+    sw = Switcher(fs, 500 * MS, sched=FakeSched(fail={"fifo": errno.EPERM}).knob(fs), clock=clock)
     sw.apply(gang(member("a", prio=1), member("b", prio=1)))
     stats = sw.take_stats()
-    assert stats["boost_failed"]["gang"].startswith("boost impossible for domain a")
-    assert any("freeze-only" in e for e in stats["errors"])
+    assert stats.boost_failed["gang"].startswith("boost impossible for domain a")
+    assert any("freeze-only" in e for e in stats.errors)
     clock.now += 50 * MS
     sw.tick()
     assert thawed(fs, "ab") == ["b"]                     # rotation goes on
@@ -184,14 +175,14 @@ def test_ebusy_freeze_write_is_reported_not_fatal(tmp_path, monkeypatch):
         real(path, data)
     monkeypatch.setattr(fs, "write", busy)
     sw.apply(gang(member("a"), member("b")))
-    assert any("domain=b vcpu=0" in e and "busy" in e for e in sw.take_stats()["errors"])
+    assert any("domain=b vcpu=0" in e and "busy" in e for e in sw.take_stats().errors)
 
 
 def test_rt_runtime_granted_statically_and_restored(tmp_path):
-    fs, clock, pol = tree(tmp_path, rt=True), Clock(), Policies()
-    sw = Switcher(fs, 500 * MS, rt_top_us=900_000, set_policy=pol, clock=clock)
-    sw.apply({**gang(member("a", prio=1, rt=True, rt_us=100_000), member("b", prio=1, rt=True, rt_us=100_000)),
-              "rt_top_us": 900_000})
+    fs, clock = tree(tmp_path, rt=True), Clock()
+    sw = Switcher(fs, 500 * MS, rt_top_us=900_000, sched=FakeSched().knob(fs), clock=clock)
+    sw.apply(gang(member("a", prio=1, rt=True, rt_us=100_000), member("b", prio=1, rt=True, rt_us=100_000),
+                  rt_top_us=900_000))
     rt = lambda p: fs.read(f"{CPU}/machine/{p}cpu.rt_runtime_us")
     assert rt("") == "900000" and rt("a/") == "200000" and rt("b/vcpu1/") == "100000"
     clock.now += 50 * MS
@@ -201,39 +192,19 @@ def test_rt_runtime_granted_statically_and_restored(tmp_path):
     assert {rt(p) for p in ("", "a/", "a/vcpu0/", "b/vcpu1/")} == {"0"}
 
 
-def test_journal_restore_order_and_identity(tmp_path):
-    fs = HostFS(tmp_path)
-    for p in ("/cg/a/cpu.rt_runtime_us", "/cg/a/v0/cpu.rt_runtime_us"):
-        (tmp_path / p.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
-        fs.write(p, "5")
-    j = jr.Journal(str(tmp_path / "run/journal.json"))
-    j.record(dict([jr.file_entry("/cg/a/cpu.rt_runtime_us", "0"), jr.file_entry("/cg/a/v0/cpu.rt_runtime_us", "0"),
-                   jr.sched_entry(7, 111, "other", 0), jr.sched_entry(8, 222, "other", 0),
-                   jr.file_entry("/cg/gone/cgroup.freeze", "0"), jr.pin_entry("u", "vm", 0, [True, True])]))
-    j.record(dict([jr.file_entry("/cg/a/cpu.rt_runtime_us", "999")]))     # first recording wins
-    assert json.loads((tmp_path / "run/journal.json").read_text())["entries"]["file:/cg/a/cpu.rt_runtime_us"]["original"] == "0"
-    calls = []
-    problems = jr.restore(jr.Journal(j.path), fs, lambda *a: calls.append(("sched",) + a),
-                          lambda tid: {7: 111, 8: 999}.get(tid), lambda *a: calls.append(("pin",) + a))
-    assert problems == []
-    assert calls == [("sched", 7, "other", 0), ("pin", "u", 0, [True, True])]   # tid 8 was reused: left alone
-    assert fs.read("/cg/a/v0/cpu.rt_runtime_us") == "0" and fs.read("/cg/a/cpu.rt_runtime_us") == "0"
-    assert len(jr.Journal(j.path)) == 0
-    # idempotent
-    assert jr.restore(jr.Journal(j.path), fs, None, None, None) == []
+def test_protocol_round_trips_every_message():
+    plan = gang(member("a", prio=3, rt=True, rt_us=5, original=SchedAttr("batch", nice=2)), member("b"))
+    stats = pr.Stats(switches={"gang": 2}, latency_ns=(1, 2), costop=(pr.Costop("a", 1, 7),), errors=("x",),
+                     active={"gang": "a"}, released=True)
+    for msg in (plan, pr.Stop(), pr.Ready(True), pr.Applied(4), stats):
+        line = pr.encode(msg)
+        assert line.endswith("\n") and line.count("\n") == 1
+        assert pr.decode(line) == msg
 
 
-def test_journal_keeps_what_could_not_be_restored(tmp_path):
-    fs = HostFS(tmp_path)
-    j = jr.Journal(str(tmp_path / "journal.json"))
-    j.record(dict([jr.pin_entry("u", "vm", 0, [True])]))
-    problems = jr.restore(j, fs, None, None, pin=None)
-    assert problems and "libvirt unreachable" in problems[0]
-    assert len(jr.Journal(j.path)) == 1
-
-
-def test_corrupt_journal_is_moved_aside(tmp_path):
-    path = tmp_path / "journal.json"
-    path.write_text("{not json")
-    assert len(jr.Journal(str(path))) == 0
-    assert (tmp_path / "journal.json.corrupt").exists()
+def test_protocol_names_a_bad_message():
+    import pytest
+    with pytest.raises(ValueError, match="bad message"):
+        pr.decode('{"type": "plan", "seq": 1}')
+    with pytest.raises(ValueError, match="bad message"):
+        pr.decode('{"type": "launch"}')

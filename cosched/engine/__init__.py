@@ -18,7 +18,9 @@ everything, then the journal is replayed in full.
 """
 from __future__ import annotations
 
-import json
+from __future__ import annotations
+
+import copy
 import logging
 import os
 import subprocess
@@ -26,15 +28,18 @@ import sys
 import threading
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 from cosched.actuators import journal as jr
-from cosched.actuators.pinning import cpumap_for
-from cosched.actuators.sched import read_runtime, set_policy
-from cosched.discovery.threads import thread_stat
+from cosched.actuators.freezer import FreezerKnob
+from cosched.actuators.pinning import PinKnob, cpumap_for
+from cosched.actuators.rt_runtime import RtRuntimeKnob, read_runtime
+from cosched.actuators.sched import SchedAttr, SchedKnob
+from cosched.engine import protocol as pr
+from cosched.histogram import Histogram
 from cosched.hostfs import HostFS
 from cosched.model import Snapshot
 from cosched.policy.plan import Plan, PlanConfig, plan
-from cosched.sampler.estimate import Histogram
 
 log = logging.getLogger("cosched.engine")
 
@@ -44,6 +49,8 @@ LATENESS_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.
 
 @dataclass
 class EngineStats:
+    """What the switcher reported, accumulated. Read it through :meth:`Engine.stats`."""
+
     switches: dict[str, int] = field(default_factory=dict)
     latency: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
     lateness: Histogram = field(default_factory=lambda: Histogram(LATENESS_BUCKETS))
@@ -55,14 +62,24 @@ class EngineStats:
     realtime: bool | None = None
 
 
-def thread_start(fs: HostFS, tid: int) -> int | None:
-    stat = thread_stat(fs, tid)
-    return stat[2] if stat else None
+def spawn_switcher(env: dict) -> subprocess.Popen:
+    """The real switcher: its own process (see :mod:`cosched.engine.switcher`)."""
+    return subprocess.Popen([sys.executable, "-m", "cosched.engine.switcher"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=env, bufsize=1)
 
 
 class Engine:
+    """Reconciles plans onto the host.
+
+    Injection seams, so that tests never touch a real host thread: ``sched``
+    (the scheduling knob: reads and writes thread attributes) and
+    ``switcher_factory`` (``env -> handle`` with ``stdin``, ``stdout``,
+    ``poll``, ``wait``, ``kill`` and ``pid``, like :class:`subprocess.Popen`).
+    """
+
     def __init__(self, fs: HostFS, journal: jr.Journal, pinner, *, reserved_cpus=(), max_stall_ms: int = 500,
-                 switcher_priority: int = 50, dry_run: bool = False):
+                 switcher_priority: int = 50, dry_run: bool = False, sched: SchedKnob | None = None,
+                 switcher_factory: Callable[[dict], object] = spawn_switcher):
         self.fs = fs
         self.journal = journal
         self.pinner = pinner
@@ -70,18 +87,31 @@ class Engine:
         self.max_stall_ms = max_stall_ms
         self.switcher_priority = switcher_priority
         self.dry_run = dry_run
+        self.sched = sched if sched is not None else SchedKnob(fs)
+        self.knobs = {"sched": self.sched, "freeze": FreezerKnob(fs), "rt": RtRuntimeKnob(fs), "pin": PinKnob(pinner)}
+        self.switcher_factory = switcher_factory
         self.plan = Plan()
         self.paused = False
-        self.stats = EngineStats()
-        self.lock = threading.Lock()          # guards stats
+        self._stats = EngineStats()
+        self.lock = threading.Lock()          # guards _stats
         self.op_lock = threading.RLock()      # one reconcile / release at a time
-        self._proc: subprocess.Popen | None = None
-        self._sent: dict | None = None
+        self._proc = None
+        self._sent: pr.Plan | None = None
         self._rt_top: int | None = None
         self._seq = 0
         self._applied = -1
         self._ready = False
         self._acks = threading.Condition()
+
+    def stats(self) -> EngineStats:
+        """A private copy of the switcher's accumulated figures, safe to read without a lock."""
+        with self.lock:
+            return copy.deepcopy(self._stats)
+
+    def costop(self) -> dict[tuple[str, int], float]:
+        """Seconds each (uuid, vCPU) has been held frozen, cumulative."""
+        with self.lock:
+            return dict(self._stats.costop)
 
     # -- planning -------------------------------------------------------
     def plan_config(self, snap: Snapshot) -> PlanConfig:
@@ -144,28 +174,34 @@ class Engine:
         return new
 
     def _record_originals(self, snap: Snapshot, p: Plan) -> None:
-        entries = {}
+        """Journal, through each knob, the original of everything the plan may change."""
+        entries: dict[str, dict] = {}
+        known = self.journal.entries
         managed = {m.uuid for c in p.cells for m in c.members}
         pinned = {uuid for uuid, _ in p.pins()}
         for d in snap.domains:
             if d.uuid not in managed:
                 continue
             for v in d.vcpus:
-                k, e = jr.sched_entry(v.tid, v.start_time, v.sched, v.priority)
-                entries[k] = e
-                for path in [snap.host.freeze_file(v), *snap.host.rt_chain(v)]:
-                    if path and f"file:{path}" not in self.journal.entries:
-                        value = self.fs.read_or(path)
-                        if value is not None:
-                            k, e = jr.file_entry(path, value.strip())
-                            entries[k] = e
+                if f"sched:{v.tid}:{v.start_time}" not in known:
+                    try:
+                        k, e = self.sched.record(v.tid, v.start_time)
+                        entries[k] = e
+                    except OSError as err:
+                        log.warning("domain=%s vcpu=%d tid=%d action=sched-info-failed error=%r", d.name, v.index,
+                                    v.tid, os.strerror(err.errno) if err.errno else str(err))
+                freeze = snap.host.freeze_file(v)
+                for knob, path in [(self.knobs["freeze"], freeze)] * bool(freeze) + [
+                        (self.knobs["rt"], path) for path in snap.host.rt_chain(v)]:
+                    if f"{knob.kind}:{path}" not in known:
+                        got = knob.record(path)
+                        if got:
+                            entries[got[0]] = got[1]
             if d.uuid in pinned and self.pinner is not None and any(
-                    f"pin:{d.uuid}:{v.index}" not in self.journal.entries for v in d.vcpus):
+                    f"pin:{d.uuid}:{v.index}" not in known for v in d.vcpus):
                 try:
-                    for index, cpumap in enumerate(self.pinner.current(d.uuid)):
-                        k, e = jr.pin_entry(d.uuid, d.name, index, list(cpumap))
-                        entries[k] = e              # record() keeps originals already there
-                except (LookupError, OSError, ConnectionError) as err:
+                    entries.update(self.knobs["pin"].record(d.uuid, d.name))   # record() keeps originals already there
+                except (jr.Gone, OSError, ConnectionError) as err:
                     log.warning("domain=%s action=pin-info-failed error=%r", d.name, str(err))
         self.journal.record(entries)
 
@@ -186,7 +222,7 @@ class Engine:
                         if tuple(current[index]) != desired:
                             self.pinner.pin(uuid, index, desired)
                             log.info("domain=%s vcpu=%d cpu=%d action=pinned", names.get(uuid, uuid), index, cpu)
-            except (LookupError, OSError, ConnectionError) as err:
+            except (jr.Gone, OSError, ConnectionError) as err:
                 log.warning("domain=%s action=pin-failed error=%r", names.get(uuid, uuid), str(err))
 
     def _unpin(self, p: Plan) -> None:
@@ -194,10 +230,9 @@ class Engine:
         if self.pinner is None:
             return
         keep = {uuid for uuid, _ in p.pins()}
-        stale = {e["uuid"] for e in self.journal.entries.values() if e["kind"] == "pin" and e["uuid"] not in keep}
+        stale = {e["uuid"] for e in self.journal.entries.values() if e.get("kind") == "pin" and e["uuid"] not in keep}
         if stale:
-            problems = jr.restore(self.journal, self.fs, set_policy, lambda t: thread_start(self.fs, t),
-                                  self.pinner.pin, kinds=("pin",), only=lambda e: e["uuid"] in stale)
+            problems = jr.restore(self.journal, self.knobs, kinds=("pin",), only=lambda e: e["uuid"] in stale)
             for problem in problems:
                 log.warning("action=unpin-failed %s", problem)
 
@@ -206,29 +241,30 @@ class Engine:
         running = {d.uuid for d in snap.domains}
         gone = []
         for key, e in self.journal.entries.items():
-            if e["kind"] == "sched" and thread_start(self.fs, e["tid"]) != e["start_time"]:
-                gone.append(key)
-            elif e["kind"] == "file" and not self.fs.exists(e["path"]):
-                gone.append(key)
-            elif e["kind"] == "pin" and e["uuid"] not in running and snap.libvirt_connected:
+            kind = e.get("kind")
+            if kind == "pin":
+                if e["uuid"] not in running and snap.libvirt_connected:
+                    gone.append(key)
+            elif kind in self.knobs and not self.knobs[kind].exists(e):
                 gone.append(key)
         self.journal.forget(gone)
 
-    # -- the switcher process -------------------------------------------
-    def _message(self, p: Plan) -> dict:
-        return {
-            "type": "plan",
-            "max_stall_ms": self.max_stall_ms,
-            "rt_top_us": self._rt_top,
-            "cells": [{
-                "id": c.id, "mode": c.mode,
-                "members": [{"uuid": m.uuid, "name": m.name, "slot_ms": m.slot_ms, "priority": m.priority,
-                             "rt_vcpu_us": m.rt_vcpu_us,
-                             "vcpus": [{"index": v.index, "tid": v.tid, "freeze": v.freeze,
-                                        "rt_chain": list(v.rt_chain)} for v in m.vcpus]}
-                            for m in c.members],
-            } for c in p.cells],
-        }
+    # -- the switcher ---------------------------------------------------
+    def _message(self, p: Plan) -> pr.Plan:
+        """The plan as the switcher takes it; each vCPU carries the attributes
+        the journal recorded for it, which its boosts return it to."""
+        originals = {e["tid"]: SchedAttr.from_json(e["attr"])
+                     for e in self.journal.entries.values() if e.get("kind") == "sched"}
+
+        def member(m) -> pr.MemberPlan:
+            vcpus = tuple(pr.VcpuPlan(v.index, v.tid, v.freeze, tuple(v.rt_chain), originals.get(v.tid, SchedAttr()))
+                          for v in m.vcpus)
+            # never boost a thread whose original is not on record: it could not be put back
+            priority = m.priority if all(v.tid in originals for v in m.vcpus) else 0
+            return pr.MemberPlan(m.uuid, m.name, m.slot_ms, priority, vcpus, m.rt_vcpu_us)
+
+        return pr.Plan(seq=0, max_stall_ms=self.max_stall_ms, rt_top_us=self._rt_top,
+                       cells=tuple(pr.CellPlan(c.id, c.mode, tuple(member(m) for m in c.members)) for c in p.cells))
 
     def _send(self, p: Plan, timeout: float = 3.0) -> bool:
         """Hand the plan to the switcher; True once it confirms the plan is in force."""
@@ -240,7 +276,7 @@ class Engine:
         if body != self._sent:
             self._seq += 1
             try:
-                self._proc.stdin.write(json.dumps({**body, "seq": self._seq}) + "\n")
+                self._proc.stdin.write(pr.encode(pr.Plan(self._seq, body.max_stall_ms, body.rt_top_us, body.cells)))
                 self._proc.stdin.flush()
             except (BrokenPipeError, OSError) as e:
                 log.error("action=switcher-write-failed error=%r", str(e))
@@ -255,47 +291,51 @@ class Engine:
         env = dict(os.environ, COSCHED_SWITCHER_PRIORITY=str(self.switcher_priority),
                    COSCHED_HOST_ROOT=str(self.fs.root))
         self._ready = False
-        self._proc = subprocess.Popen([sys.executable, "-m", "cosched.engine.switcher"], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, text=True, env=env, bufsize=1)
+        self._proc = self.switcher_factory(env)
         threading.Thread(target=self._read_switcher, args=(self._proc,), name="switcher-stats", daemon=True).start()
         with self._acks:
             ready = self._acks.wait_for(lambda: self._ready, timeout)
-        log.info("action=switcher-started pid=%d ready=%s realtime=%s", self._proc.pid, ready, self.stats.realtime)
+        log.info("action=switcher-started pid=%s ready=%s realtime=%s", self._proc.pid, ready, self._stats.realtime)
         return ready
 
-    def _read_switcher(self, proc: subprocess.Popen) -> None:
+    def _read_switcher(self, proc) -> None:
         for line in proc.stdout:
             try:
-                msg = json.loads(line)
-            except ValueError:
+                msg = pr.decode(line)
+            except ValueError as e:
+                log.warning("action=switcher-message-unreadable error=%r", str(e))
                 continue
-            if "ready" in msg or "applied" in msg:
+            if isinstance(msg, (pr.Ready, pr.Applied)):
                 with self._acks:
-                    if "ready" in msg:
-                        self.stats.realtime, self._ready = msg["realtime"], True
+                    if isinstance(msg, pr.Ready):
+                        with self.lock:
+                            self._stats.realtime = msg.realtime
+                        self._ready = True
                     else:
-                        self._applied = msg["applied"] or 0
+                        self._applied = msg.seq
                     self._acks.notify_all()
-                continue
-            with self.lock:
-                s = self.stats
-                for cell, n in msg.get("switches", {}).items():
-                    s.switches[cell] = s.switches.get(cell, 0) + n
-                for ns in msg.get("latency_ns", []):
-                    s.latency.observe(ns / 1e9)
-                for ns in msg.get("lateness_ns", []):
-                    s.lateness.observe(ns / 1e9)
-                for key, ns in msg.get("costop_ns", {}).items():
-                    uuid, index = key.rsplit("/", 1)
-                    s.costop[(uuid, int(index))] = ns / 1e9
-                s.forced_thaws += msg.get("forced_thaws", 0)
-                s.errors.extend(msg.get("errors", []))
-                s.active = msg.get("active", s.active)
-                s.boost_failed = msg.get("boost_failed", s.boost_failed)
+            elif isinstance(msg, pr.Stats):
+                self._account(msg)
         code = proc.wait()
         if not getattr(proc, "stopping", False):
             log.error("action=switcher-died code=%s: restoring thread policies and cgroup files", code)
-            self._restore(kinds=("sched", "file"))
+            self._restore(kinds=("sched", "freeze", "rt"))
+
+    def _account(self, msg: pr.Stats) -> None:
+        with self.lock:
+            s = self._stats
+            for cell, n in msg.switches.items():
+                s.switches[cell] = s.switches.get(cell, 0) + n
+            for ns in msg.latency_ns:
+                s.latency.observe(ns / 1e9)
+            for ns in msg.lateness_ns:
+                s.lateness.observe(ns / 1e9)
+            for c in msg.costop:
+                s.costop[(c.uuid, c.vcpu)] = c.ns / 1e9
+            s.forced_thaws += msg.forced_thaws
+            s.errors.extend(msg.errors)
+            s.active = dict(msg.active)
+            s.boost_failed = dict(msg.boost_failed)
 
     def _stop_switcher(self) -> None:
         proc, self._proc = self._proc, None
@@ -303,7 +343,7 @@ class Engine:
             return
         proc.stopping = True
         try:
-            proc.stdin.write(json.dumps({"type": "stop"}) + "\n")
+            proc.stdin.write(pr.encode(pr.Stop()))
             proc.stdin.close()
         except (BrokenPipeError, OSError):
             pass
@@ -315,15 +355,17 @@ class Engine:
             proc.wait()
 
     # -- restore --------------------------------------------------------
-    def _restore(self, kinds=("sched", "file", "pin")) -> list[str]:
-        pin = self.pinner.pin if self.pinner is not None else None
-        problems = jr.restore(self.journal, self.fs, set_policy, lambda t: thread_start(self.fs, t), pin, kinds)
+    def _restore(self, kinds=jr.ORDER) -> list[str]:
+        problems = jr.restore(self.journal, self.knobs, kinds)
         for problem in problems:
             log.error("action=restore-failed %s", problem)
         return problems
 
     def recover(self) -> None:
         """At start: undo whatever a previous daemon left in the journal."""
+        for damage in self.journal.damage:
+            log.error("action=journal-damaged %s (an original on it cannot be restored: check that guest by hand)",
+                      damage)
         if len(self.journal):
             log.warning("action=recover entries=%d (a previous daemon did not exit cleanly)", len(self.journal))
             self._restore()

@@ -1,0 +1,125 @@
+"""The messages between the daemon's engine and the switcher process.
+
+One JSON object per line, each with a ``type``; every message is a frozen
+dataclass here and only :func:`encode` and :func:`decode` touch JSON, so both
+ends agree by construction. Daemon to switcher: :class:`Plan`, :class:`Stop`.
+Switcher to daemon: :class:`Ready` (it runs, realtime or not),
+:class:`Applied` (a plan is in force), :class:`Stats` (every 0.25 s, and a
+last one with ``released`` set when it has given everything back).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+
+from cosched.actuators.sched import SchedAttr
+
+
+@dataclass(frozen=True)
+class VcpuPlan:
+    index: int
+    tid: int
+    freeze: str | None                      # host path of its cgroup.freeze
+    rt_chain: tuple[str, ...] = ()          # cpu.rt_runtime_us files a boost needs, top-down
+    original: SchedAttr = SchedAttr()       # what a boost returns it to: the journaled original
+
+
+@dataclass(frozen=True)
+class MemberPlan:
+    uuid: str
+    name: str
+    slot_ms: float
+    priority: int                           # SCHED_FIFO priority of its boost, 0: none
+    vcpus: tuple[VcpuPlan, ...]
+    rt_vcpu_us: int | None = None           # RT runtime per vCPU group (RT group scheduling)
+
+
+@dataclass(frozen=True)
+class CellPlan:
+    id: str
+    mode: str                               # "freeze" or "boost"
+    members: tuple[MemberPlan, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    seq: int
+    max_stall_ms: int
+    rt_top_us: int | None
+    cells: tuple[CellPlan, ...]
+    type: str = "plan"
+
+
+@dataclass(frozen=True)
+class Stop:
+    type: str = "stop"
+
+
+@dataclass(frozen=True)
+class Ready:
+    realtime: bool
+    type: str = "ready"
+
+
+@dataclass(frozen=True)
+class Applied:
+    seq: int
+    type: str = "applied"
+
+
+@dataclass(frozen=True)
+class Costop:
+    uuid: str
+    vcpu: int
+    ns: int                                 # total frozen time so far
+
+
+@dataclass(frozen=True)
+class Stats:
+    switches: dict[str, int] = field(default_factory=dict)      # cell -> slot changes since the last Stats
+    latency_ns: tuple[int, ...] = ()
+    lateness_ns: tuple[int, ...] = ()
+    costop: tuple[Costop, ...] = ()
+    forced_thaws: int = 0
+    errors: tuple[str, ...] = ()
+    active: dict[str, str] = field(default_factory=dict)        # cell -> uuid of the member in its slot
+    boost_failed: dict[str, str] = field(default_factory=dict)  # cell -> why it runs freeze-only
+    released: bool = False
+    type: str = "stats"
+
+
+MESSAGES = {cls.type: cls for cls in (Plan, Stop, Ready, Applied, Stats)}
+_NESTED = {(Plan, "cells"): CellPlan, (CellPlan, "members"): MemberPlan, (MemberPlan, "vcpus"): VcpuPlan,
+           (Stats, "costop"): Costop}
+
+
+def encode(msg) -> str:
+    """One line of JSON for a message."""
+    return json.dumps(asdict(msg), separators=(",", ":")) + "\n"
+
+
+def _build(cls, data: dict):
+    kwargs = {}
+    for f in fields(cls):
+        if f.name not in data:
+            continue
+        value = data[f.name]
+        item = _NESTED.get((cls, f.name))
+        if item is not None:
+            value = tuple(_build(item, v) for v in value)
+        elif f.name == "original":
+            value = SchedAttr.from_json(value)
+        elif isinstance(value, list):
+            value = tuple(value)
+        kwargs[f.name] = value
+    return cls(**kwargs)
+
+
+def decode(line: str | bytes):
+    """The message on one line; ValueError names what is wrong with it."""
+    try:
+        data = json.loads(line)
+        cls = MESSAGES[data["type"]]
+        return _build(cls, data)
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"bad message {str(line)[:80]!r}: {type(e).__name__} {e}") from None
