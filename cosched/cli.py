@@ -7,7 +7,7 @@ import logging
 import sys
 import time
 
-from cosched import __version__
+from cosched import __version__, logs
 from cosched.config import DEFAULT_PATH, Config, ConfigError, load, parse_address
 from cosched.control import request
 
@@ -22,10 +22,9 @@ def _load_config(path: str | None) -> Config:
 def cmd_daemon(args) -> int:
     from dataclasses import replace
 
-    from cosched.daemon import Daemon
+    from cosched.wiring import build_daemon
 
-    logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logs.setup(getattr(logging, args.log_level.upper()))
     config = _load_config(args.config)
     overrides = {}
     if args.connect:
@@ -38,15 +37,19 @@ def cmd_daemon(args) -> int:
         overrides["metrics_address"] = args.metrics_address
     config = replace(config, **overrides)
     try:
-        return Daemon(config, dry_run=args.dry_run, config_path=args.config, overrides=overrides).run()
+        return build_daemon(config, dry_run=args.dry_run, config_path=args.config, overrides=overrides).run()
     except RuntimeError as e:
         print(f"cosched: {e}", file=sys.stderr)
         return 1
 
 
 def _status(config: Config) -> dict | None:
+    """The daemon's answer; None when no daemon answers. PermissionError propagates:
+    a daemon may well be running, the caller just may not ask it."""
     try:
         return request(config.socket_path)
+    except PermissionError:
+        raise
     except (OSError, ValueError):
         return None
 
@@ -108,7 +111,12 @@ def render(status: dict, previous: dict | None = None) -> str:
 
 def cmd_status(args) -> int:
     config = _load_config(args.config)
-    status = _status(config)
+    try:
+        status = _status(config)
+    except PermissionError:
+        print(f"cosched: permission denied on {config.socket_path}: the status socket is root's only "
+              f"(mode 0600); run cosched status as root", file=sys.stderr)
+        return 1
     if status is None:
         print(f"cosched: no daemon is running (nothing answers on {config.socket_path})", file=sys.stderr)
         return 1
@@ -139,7 +147,7 @@ def cmd_reset(args) -> int:
     itself: thread policies, cgroup files (deepest first), libvirt pinning.
     """
     config = _load_config(args.config)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s %(message)s")
+    logs.setup(logging.INFO, "%(levelname)s %(name)s %(message)s")
     try:
         reply = request(config.socket_path, "reset", timeout=60)
     except (OSError, ValueError):
@@ -167,26 +175,29 @@ def _reset_offline(config: Config) -> list[str]:
     import os
 
     from cosched.actuators import journal as jr
-    from cosched.actuators.pinning import LibvirtPinner
-    from cosched.actuators.sched import set_policy
-    from cosched.engine import thread_start
+    from cosched.actuators.freezer import FreezerKnob
+    from cosched.actuators.pinning import LibvirtPinner, PinKnob
+    from cosched.actuators.rt_runtime import RtRuntimeKnob
+    from cosched.actuators.sched import SchedKnob
     from cosched.hostfs import HostFS
 
     if not os.path.exists(config.journal_path):
         return []
     fs = HostFS("/")
     journal = jr.Journal(config.journal_path)
-    pin = None
-    if any(e["kind"] == "pin" for e in journal.entries.values()):
+    problems = [f"journal damaged, an original may be lost: {d}" for d in journal.damage]
+    pinner = None
+    if any(e.get("kind") == "pin" for e in journal.entries.values()):
         try:
             import libvirt
 
             libvirt.registerErrorHandler(lambda *_: None, None)
             conn = libvirt.open(config.connect)
-            pin = LibvirtPinner(lambda: conn).pin
+            pinner = LibvirtPinner(lambda: conn)
         except Exception as e:  # libvirt down: pinning stays journaled for the next try
             print(f"cosched reset: cannot reach libvirt at {config.connect}: {e}", file=sys.stderr)
-    return jr.restore(journal, fs, set_policy, lambda t: thread_start(fs, t), pin)
+    knobs = {k.kind: k for k in (SchedKnob(fs), FreezerKnob(fs), RtRuntimeKnob(fs), PinKnob(pinner))}
+    return problems + jr.restore(journal, knobs)
 
 
 def _presets(config: Config):

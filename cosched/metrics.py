@@ -23,10 +23,11 @@ from cosched.sampler import DomainView
 
 class CoschedCollector:
     def __init__(self, snapshot: Callable[[], Snapshot | None], sampler_view: Callable[[], dict[str, DomainView]],
-                 engine=None):
+                 engine=None, health: Callable[[], dict] | None = None):
         self.snapshot = snapshot
         self.sampler_view = sampler_view
         self.engine = engine
+        self.health = health
 
     def describe(self):
         return []  # dynamic series: do not let the registry call collect() at registration
@@ -65,10 +66,8 @@ class CoschedCollector:
         costop = CounterMetricFamily("cosched_vcpu_costop_seconds", "Time the vCPU was held frozen by cosched",
                                      labels=["domain", "vcpu"])
         rejected = self.engine.plan.rejected if self.engine else {}
-        costops = {}
-        if self.engine is not None:
-            with self.engine.lock:
-                costops = dict(self.engine.stats.costop)
+        stats = self.engine.stats() if self.engine is not None else None
+        costops = stats.costop if stats else {}
         for d in snap.domains if snap else ():
             info.add_metric([d.name, d.uuid, d.policy.preset if d.policy else ""], 1)
             error.add_metric([d.name], 1 if d.error or d.uuid in rejected else 0)
@@ -86,24 +85,47 @@ class CoschedCollector:
             observed.add_metric([d.name], v.observed)
             skew.add_metric([d.name], [(le, c) for le, c in v.skew_buckets], v.skew_sum)
         yield from (info, error, run, wait, costop, hazard, partial, observed, skew)
-        if self.engine is not None:
-            yield from self._engine_metrics()
+        if stats is not None:
+            yield from self._engine_metrics(stats)
+        if self.health is not None:
+            yield from self._health_metrics(self.health())
 
-    def _engine_metrics(self):
-        with self.engine.lock:
-            s = self.engine.stats
-            switches = CounterMetricFamily("cosched_switches", "Gang slot changes performed", labels=["cell"])
-            for cell, n in sorted(s.switches.items()):
-                switches.add_metric([cell], n)
-            latency = HistogramMetricFamily(
-                "cosched_switch_latency_seconds",
-                "From the first freeze write of a slot change until every incoming vCPU is thawed",
-                buckets=s.latency.buckets(), sum_value=s.latency.total)
-            lateness = HistogramMetricFamily(
-                "cosched_slot_lateness_seconds", "How late each slot change started after its deadline",
-                buckets=s.lateness.buckets(), sum_value=s.lateness.total)
-            forced = CounterMetricFamily("cosched_forced_thaws", "Guests thawed because they reached max_stall_ms")
-            forced.add_metric([], s.forced_thaws)
+    @staticmethod
+    def _health_metrics(h: dict):
+        """The daemon's own health: what alerts need to tell a sick daemon from a quiet host."""
+        connected = GaugeMetricFamily("cosched_libvirt_connected", "1 while the libvirt connection is up")
+        connected.add_metric([], 1 if h["libvirt_connected"] else 0)
+        samples = CounterMetricFamily("cosched_samples", "Sampling passes over every vCPU")
+        samples.add_metric([], h["samples"])
+        late = CounterMetricFamily("cosched_late_samples", "Sampling passes that started over one interval late")
+        late.add_metric([], h["late_samples"])
+        presets = GaugeMetricFamily("cosched_preset_errors", "Preset files that failed to load (see the log)")
+        presets.add_metric([], h["preset_errors"])
+        realtime = GaugeMetricFamily(
+            "cosched_switcher_realtime",
+            "1 when the switcher runs SCHED_FIFO, 0 when it could not (slots may be late, no boosts), "
+            "absent before it first started")
+        if h["switcher_realtime"] is not None:
+            realtime.add_metric([], 1 if h["switcher_realtime"] else 0)
+        healthy = GaugeMetricFamily("cosched_healthy",
+                                    "1 while the sampler and discovery threads run and sample (the watchdog is fed)")
+        healthy.add_metric([], 1 if h["healthy"] else 0)
+        yield from (connected, samples, late, presets, realtime, healthy)
+
+    @staticmethod
+    def _engine_metrics(s):
+        switches = CounterMetricFamily("cosched_switches", "Gang slot changes performed", labels=["cell"])
+        for cell, n in sorted(s.switches.items()):
+            switches.add_metric([cell], n)
+        latency = HistogramMetricFamily(
+            "cosched_switch_latency_seconds",
+            "From the first freeze write of a slot change until every incoming vCPU is thawed",
+            buckets=s.latency.buckets(), sum_value=s.latency.total)
+        lateness = HistogramMetricFamily(
+            "cosched_slot_lateness_seconds", "How late each slot change started after its deadline",
+            buckets=s.lateness.buckets(), sum_value=s.lateness.total)
+        forced = CounterMetricFamily("cosched_forced_thaws", "Guests thawed because they reached max_stall_ms")
+        forced.add_metric([], s.forced_thaws)
         yield from (switches, latency, lateness, forced)
 
 

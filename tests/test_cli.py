@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 import zipfile
@@ -72,6 +73,64 @@ def test_wheel_has_package_presets_and_script(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "cosched/cli.py" in names
     for preset in ("none", "gang", "partial", "boost"):
-        assert any(n.endswith(f"data/share/cosched/policies/{preset}.toml") for n in names)
+        assert f"cosched/policies/{preset}.toml" in names
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     assert "cosched = cosched.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
+    assert any(n.endswith(".dist-info/LICENSE") or "licenses/LICENSE" in n for n in names)
+    # installed under any prefix, the package finds its own presets
+    prefix = tmp_path / "prefix"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--ignore-installed",
+                    "--prefix", str(prefix), str(wheel)],
+                   check=True, capture_output=True)
+    (site,) = prefix.glob("lib/python3*/site-packages")
+    config = tmp_path / "cosched.toml"
+    config.write_text('presets_dirs = []\ndefault_policy = "gang"\n')
+    r = subprocess.run([sys.executable, "-c", "import sys, cosched, cosched.cli; print(cosched.__file__); "
+                        "sys.exit(cosched.cli.main(['check-config', sys.argv[1]]))", str(config)],
+                       capture_output=True, text=True, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ["PYTHONPATH"]])})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.startswith(str(site)) and "gang" in r.stdout, r.stdout
+
+
+def test_status_as_a_user_who_may_not_ask_says_permission_denied():
+    """A running daemon's socket (0600 in a 0700 directory) asked by an unprivileged user."""
+    import os
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from cosched.cli import main
+    from cosched.control import ControlServer
+
+    tmp_path = Path(tempfile.mkdtemp(prefix="cosched-test-"))     # readable by all, as /etc/cosched is
+
+    state = tmp_path / "state"
+    server = ControlServer(str(state / "cosched.sock"), lambda what: {"ok": True})
+    server.start()
+    server.serve()
+    config = tmp_path / "cosched.toml"
+    config.write_text(f'state_dir = "{state}"\n')
+    os.chmod(tmp_path, 0o755)
+    err = tmp_path / "err"
+    try:
+        pid = os.fork()
+        if pid == 0:                                        # the child: nobody, then cosched status
+            code = 2
+            try:
+                fd = os.open(err, os.O_WRONLY | os.O_CREAT, 0o666)
+                os.setgroups([])
+                os.setresgid(65534, 65534, 65534)
+                os.setresuid(65534, 65534, 65534)
+                sys.stderr = os.fdopen(fd, "w")
+                code = main(["status", "--config", str(config)])
+            finally:
+                sys.stderr.flush()
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        server.stop()
+    text = err.read_text()
+    shutil.rmtree(tmp_path)
+    assert os.waitstatus_to_exitcode(status) == 1, text
+    assert "permission denied" in text and "no daemon" not in text, text

@@ -1,0 +1,33 @@
+"""The wiring: builds the real adapters and hands them to the daemon.
+
+The only module that chooses concrete collaborators: the libvirt source, the
+libvirt pinner, the engine with its switcher process, and the sampler, all on
+the host's real filesystem root. Tests build a :class:`~cosched.daemon.Daemon`
+or an :class:`~cosched.engine.Engine` from fakes instead.
+"""
+from __future__ import annotations
+
+import threading
+
+from cosched.actuators.journal import Journal
+from cosched.actuators.pinning import LibvirtPinner
+from cosched.config import Config
+from cosched.daemon import Daemon, Latest
+from cosched.discovery.libvirt import LibvirtSource
+from cosched.engine import Engine
+from cosched.hostfs import HostFS
+from cosched.sampler import Sampler
+
+
+def build_daemon(config: Config, *, dry_run: bool = False, config_path: str | None = None,
+                 overrides: dict | None = None, root: str = "/") -> Daemon:
+    fs = HostFS(root)
+    wake = threading.Event()
+    latest = Latest()
+    source = LibvirtSource(config.connect, wake.set)
+    engine = Engine(fs, Journal(config.journal_path), LibvirtPinner(source.live_conn),
+                    reserved_cpus=config.reserved_cpus, max_stall_ms=config.max_stall_ms,
+                    switcher_priority=config.switcher_priority, dry_run=dry_run)
+    sampler = Sampler(fs, config.sample_interval_ms / 1000.0, latest.get, wake.set, costop=engine.costop)
+    return Daemon(config, fs=fs, source=source, engine=engine, sampler=sampler, latest=latest, wake=wake,
+                  dry_run=dry_run, config_path=config_path, overrides=overrides)
