@@ -8,6 +8,11 @@ APT_PACKAGES := qemu-system-x86 libvirt-daemon-system libvirt-clients libvirt-de
                 pkg-config gcc libc6-dev python3-venv python3-dev systemd
 # for the deploy tests (promtool, a Prometheus server); without its recommended exporters
 APT_PACKAGES_LEAN := prometheus
+# what `make install` needs on a production host: no compiler, no QEMU, no Prometheus.
+# libvirt's Python binding comes from Debian (python3-libvirt), seen through a
+# --system-site-packages virtualenv, so nothing is compiled.
+RUNTIME_PACKAGES := python3 python3-venv python3-libvirt python3-psutil
+INSTALL_PYTHON ?= /usr/bin/python3
 
 # `make install` destinations (each can be overridden, e.g. for a staged install)
 PREFIX ?= /usr/local
@@ -18,7 +23,7 @@ LIBDIR ?= /opt/cosched
 SYSCONFDIR ?= /etc/cosched
 UNITDIR ?= /etc/systemd/system
 
-.PHONY: deps venv image services test unit integration demo bench bench-smoke install uninstall clean
+.PHONY: deps runtime-deps venv image services test unit integration demo bench bench-smoke install uninstall clean
 
 missing = $$(for p in $(1); do \
 	    dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done)
@@ -30,6 +35,13 @@ deps:
 	    apt-get update -q && \
 	    { [ -z "$$missing" ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; } && \
 	    { [ -z "$$lean" ] || DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$lean; }; \
+	fi
+
+runtime-deps:
+	@missing=$(call missing,$(RUNTIME_PACKAGES)); \
+	if [ -n "$$missing" ]; then \
+	    echo "installing:" $$missing; \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
 	fi
 
 $(VENV)/.installed: setup.cfg pyproject.toml | deps
@@ -68,8 +80,8 @@ bench-smoke: image services
 
 # The package in its own virtualenv ($(LIBDIR)), the command, the systemd unit,
 # the configuration example (never over an existing one), dashboards, alert rules.
-install: deps
-	$(PYTHON) -m venv $(LIBDIR)
+install: runtime-deps
+	$(INSTALL_PYTHON) -m venv --system-site-packages $(LIBDIR)
 	$(LIBDIR)/bin/pip install -q --upgrade pip
 	$(LIBDIR)/bin/pip install -q .
 	install -d $(BINDIR) $(UNITDIR) $(SYSCONFDIR)/policies.d $(DOCDIR) \
@@ -83,7 +95,8 @@ install: deps
 	sed -e 's#/usr/local/share/cosched#$(SHAREDIR)#g' deploy/grafana/provisioning/dashboards/cosched.yaml \
 	    > $(SHAREDIR)/grafana/provisioning/dashboards/cosched.yaml
 	install -m 0644 deploy/grafana/provisioning/datasources/*.yaml $(SHAREDIR)/grafana/provisioning/datasources/
-	install -m 0644 deploy/prometheus/*.yml $(SHAREDIR)/prometheus/
+	for f in deploy/prometheus/*.yml; do \
+	    sed -e 's#/usr/local/share/doc/cosched#$(DOCDIR)#g' $$f > $(SHAREDIR)/prometheus/$$(basename $$f); done
 	install -m 0644 README.md $(DOCDIR)/
 	if [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
 	@echo "installed; next: edit $(SYSCONFDIR)/cosched.toml, then systemctl enable --now cosched"

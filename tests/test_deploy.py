@@ -54,11 +54,44 @@ def test_unit_is_a_watched_notify_service_that_resets_after_any_exit():
     assert "CAP_SYS_NICE" in opts["CapabilityBoundingSet"][0]
 
 
+def test_unit_never_pulls_in_a_libvirt_daemon():
+    """virtqemud.service has Conflicts=libvirtd.service: wanting libvirtd would stop virtqemud."""
+    opts = unit_options(UNIT.read_text())
+    for key in ("Wants", "Requires", "Requisite", "BindsTo", "PartOf"):
+        assert key not in opts, key
+    assert {"libvirtd.socket", "virtqemud.socket"} <= set(" ".join(opts["After"]).split())
+
+
+def test_unit_hardening_scores_better_than_before(tmp_path):
+    opts = unit_options(UNIT.read_text())
+    assert opts["ProtectSystem"] == ["strict"] and opts["UMask"] == ["0077"]
+    assert opts["SystemCallFilter"][0] == "@system-service"
+    unit = tmp_path / "cosched.service"
+    unit.write_text(UNIT.read_text().replace("/usr/local/bin/cosched", "/bin/true"))
+    r = run("systemd-analyze", "security", "--offline=yes", str(unit))
+    score = re.search(r"Overall exposure level for cosched.service: ([0-9.]+)", r.stdout)
+    assert score, r.stdout + r.stderr
+    assert float(score.group(1)) <= 3.5, r.stdout      # 4.7 before ProtectSystem=strict, the filter and UMask
+
+
+def test_every_alert_has_a_runbook_in_the_readme():
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "cosched-alerts.yml").read_text())
+    readme = (DEPLOY.parent / "README.md").read_text()
+    anchors = {re.sub(r"[^a-z0-9 _-]", "", h.strip().lower()).replace(" ", "-")
+               for h in re.findall(r"^#+ (.*)$", readme, re.M)}
+    alerts = [r for g in rules["groups"] for r in g["rules"]]
+    assert len(alerts) == 11
+    for rule in alerts:
+        url = rule["annotations"]["runbook_url"]
+        assert url.startswith("file:///usr/local/share/doc/cosched/README.md#"), url
+        assert url.split("#", 1)[1] in anchors, f"{rule['alert']}: README has no heading for {url}"
+
+
 def test_alert_rules_check_and_unit_tests_pass():
     prom = DEPLOY / "prometheus"
     r = run("promtool", "check", "rules", "cosched-alerts.yml", cwd=prom)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "SUCCESS: 6 rules found" in r.stdout
+    assert "SUCCESS: 11 rules found" in r.stdout
     r = run("promtool", "test", "rules", "cosched-alerts.test.yml", cwd=prom)
     assert r.returncode == 0, r.stdout + r.stderr
 

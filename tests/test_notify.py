@@ -64,9 +64,28 @@ def test_abstract_socket_name():
 
 def test_without_systemd_nothing_is_sent():
     n = Notifier({})
-    assert not n.enabled and not n.send("READY=1") and not n.watchdog()
+    assert not n.send("READY=1") and not n.watchdog()
 
 
 def test_a_vanished_socket_is_logged_not_raised(tmp_path, caplog):
     assert not Notifier({"NOTIFY_SOCKET": str(tmp_path / "gone")}).send("READY=1")
     assert "notify-failed" in caplog.text
+
+
+def test_log_lines_carry_their_priority_for_journald(tmp_path):
+    import logging
+    import os
+
+    from cosched import logs
+
+    with open(tmp_path / "stream", "w") as stream:
+        st = os.fstat(stream.fileno())
+        env = {"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"}
+        assert logs.to_journal(env, stream)
+        assert not logs.to_journal({"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino + 1}"}, stream)   # another stream
+        assert not logs.to_journal({}, stream)
+    f = logs.JournalFormatter()
+    rec = lambda level, msg: logging.LogRecord("cosched.engine", level, "x", 1, msg, None, None)
+    assert f.format(rec(logging.WARNING, "domain=vm1 action=pin-failed")) == "<4>cosched.engine domain=vm1 action=pin-failed"
+    assert f.format(rec(logging.ERROR, "a\nb")) == "<3>cosched.engine a\n<3>b"
+    assert f.format(rec(logging.INFO, "x")).startswith("<6>")
