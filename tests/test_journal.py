@@ -191,3 +191,18 @@ def test_the_guard_refuses_a_thread_that_is_not_a_test_guest(tmp_path, monkeypat
                           "set_attr(1, SchedAttr('other'))"], capture_output=True, text=True)
     assert out.returncode != 0 and "test guard" in out.stderr
     assert log.read_text().count("refused") == 3
+
+
+def test_a_write_that_does_not_take_is_reported_and_kept(fake, fs, tmp_path):
+    fake.write("/cg/a/cpu.rt_runtime_us", "0")
+    j = jr.Journal(str(tmp_path / "journal"))
+    k = knobs(fs)
+    j.record(dict([k["rt"].record("/cg/a/cpu.rt_runtime_us")]))
+    fs.write("/cg/a/cpu.rt_runtime_us", "5000")
+    real = fs.write
+    fs.write = lambda p, d: None                      # the kernel accepts the write and ignores it
+    problems = jr.restore(j, k)
+    assert problems == ["rt:/cg/a/cpu.rt_runtime_us: written, but the host does not hold the original value"]
+    assert len(jr.Journal(j.path)) == 1
+    fs.write = real
+    assert jr.restore(j, k) == [] and fs.read("/cg/a/cpu.rt_runtime_us") == "0"

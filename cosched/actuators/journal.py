@@ -185,9 +185,10 @@ def restore(journal: Journal, knobs: Mapping[str, Knob], kinds=ORDER,
     """Put back every original of the given kinds (and matching ``only``),
     each through its own knob; return what could not be restored.
 
-    An entry whose target is gone is done. Any other failure, an unknown kind
-    or a malformed entry included, is reported and the entry stays in the
-    journal for the next try.
+    Each restore is verified by its knob (the host must hold the original
+    again). An entry whose target is gone is done. Any other failure, a write
+    that did not take, an unknown kind or a malformed entry included, is
+    reported and the entry stays in the journal for the next try.
     """
     problems: list[str] = []
     done: list[str] = []
@@ -215,6 +216,14 @@ def restore(journal: Journal, knobs: Mapping[str, Knob], kinds=ORDER,
             continue
         except Exception as err:            # a bad entry or a bug: say so, keep the entry
             problems.append(f"{key}: {type(err).__name__}: {err}")
+            continue
+        try:
+            held = knob.verify(e)
+        except Exception as err:            # cannot tell: keep it for the next try
+            problems.append(f"{key}: restored, but could not verify: {type(err).__name__}: {err}")
+            continue
+        if not held:
+            problems.append(f"{key}: written, but the host does not hold the original value")
             continue
         done.append(key)
         log.info("action=restored kind=%s %s", e["kind"], _describe(e))
