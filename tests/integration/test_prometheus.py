@@ -138,7 +138,7 @@ def test_every_alert_rule_evaluates_and_the_policy_error_is_pending(stack):
             break
         assert time.monotonic() < deadline, rules
         time.sleep(0.5)
-    assert len(rules) == 6
+    assert len(rules) == 11
     bad = {r["name"]: (r["health"], r.get("lastError")) for r in rules if r["health"] != "ok"}
     assert not bad, bad
     policy = next(r for r in rules if r["name"] == "CoschedGuestPolicyError")
@@ -146,3 +146,10 @@ def test_every_alert_rule_evaluates_and_the_policy_error_is_pending(stack):
     assert policy["alerts"][0]["state"] == "pending"          # for: 5m
     down = next(r for r in rules if r["name"] == "CoschedDown")
     assert down["alerts"] == []
+    # a healthy daemon: its health series exist, with healthy values, and their alerts are quiet
+    for name, value in (("cosched_libvirt_connected", "1"), ("cosched_healthy", "1"), ("cosched_preset_errors", "0"),
+                        ("cosched_switcher_realtime", "1")):
+        result = prom.get("/api/v1/query", query=name)["data"]["result"]
+        assert [r["value"][1] for r in result] == [value], (name, result)
+    for quiet in ("CoschedLibvirtDisconnected", "CoschedUnhealthy", "CoschedPresetErrors", "CoschedSwitcherNotRealtime"):
+        assert next(r for r in rules if r["name"] == quiet)["alerts"] == [], quiet
