@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from cosched.actuators.journal import Gone
+from cosched.actuators.journal import FileKnob
 from cosched.hostfs import HostFS
 from cosched.kernel import events_frozen
 
@@ -62,34 +62,13 @@ def wait_frozen(fs: HostFS, freeze_files: list[str], frozen: bool, timeout: floa
     return pending
 
 
-class FreezerKnob:
+class FreezerKnob(FileKnob):
     """Record, restore and verify ``cgroup.freeze`` files."""
 
     kind = KIND
 
-    def __init__(self, fs: HostFS):
-        self.fs = fs
-
-    def record(self, path: str) -> tuple[str, dict] | None:
-        """The journal entry of the file's current value (None if the cgroup is gone)."""
-        value = self.fs.read_or(path)
-        if value is None:
-            return None
-        return f"{KIND}:{path}", {"kind": KIND, "path": path, "original": value.strip()}
-
-    def restore(self, entry: dict) -> None:
-        if not self.fs.exists(entry["path"]):
-            raise Gone(f"{entry['path']} is gone")
-        self.fs.write(entry["path"], entry["original"])
-
     def verify(self, entry: dict) -> bool:
-        value = self.fs.read_or(entry["path"])
-        if value is None:
-            return True
-        if value.strip() != entry["original"]:
+        if not super().verify(entry):
             return False
         # a thaw takes effect at once; a freeze only once the threads trap
         return entry["original"] == "1" or not events_frozen(self.fs.read_or(events_file(entry["path"])))
-
-    def exists(self, entry: dict) -> bool:
-        return self.fs.exists(entry["path"])

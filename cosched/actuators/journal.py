@@ -57,6 +57,38 @@ class Knob(Protocol):
     def verify(self, entry: dict) -> bool: ...
 
 
+class FileKnob:
+    """A knob that is one file's content (cgroup files): recorded, written back, compared.
+
+    Subclasses name their ``kind`` and may check more in :meth:`verify`.
+    """
+
+    kind = "file"
+
+    def __init__(self, fs):
+        self.fs = fs
+
+    def record(self, path: str) -> tuple[str, dict] | None:
+        """The journal entry of the file's current value (None if it is gone)."""
+        value = self.fs.read_or(path)
+        if value is None:
+            return None
+        return f"{self.kind}:{path}", {"kind": self.kind, "path": path, "original": value.strip(),
+                                       "depth": path.count("/")}
+
+    def restore(self, entry: dict) -> None:
+        if not self.fs.exists(entry["path"]):
+            raise Gone(f"{entry['path']} is gone")
+        self.fs.write(entry["path"], entry["original"])
+
+    def verify(self, entry: dict) -> bool:
+        value = self.fs.read_or(entry["path"])
+        return value is None or value.strip() == entry["original"]
+
+    def exists(self, entry: dict) -> bool:
+        return self.fs.exists(entry["path"])
+
+
 def _crc(text: str) -> str:
     return f"{zlib.crc32(text.encode()):08x}"
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-from cosched.actuators.journal import GONE, Gone
+from cosched.actuators.journal import GONE, FileKnob
 from cosched.hostfs import HostFS
 
 KIND = "rt"
@@ -86,28 +86,7 @@ class RtGrants:
         self.release(list(self.originals))
 
 
-class RtRuntimeKnob:
+class RtRuntimeKnob(FileKnob):
     """Record, restore and verify ``cpu.rt_runtime_us`` files (restored deepest first)."""
 
     kind = KIND
-
-    def __init__(self, fs: HostFS):
-        self.fs = fs
-
-    def record(self, path: str) -> tuple[str, dict] | None:
-        value = self.fs.read_or(path)
-        if value is None:
-            return None
-        return f"{KIND}:{path}", {"kind": KIND, "path": path, "original": value.strip(), "depth": depth(path)}
-
-    def restore(self, entry: dict) -> None:
-        if not self.fs.exists(entry["path"]):
-            raise Gone(f"{entry['path']} is gone")
-        self.fs.write(entry["path"], entry["original"])
-
-    def verify(self, entry: dict) -> bool:
-        value = self.fs.read_or(entry["path"])
-        return value is None or value.strip() == entry["original"]
-
-    def exists(self, entry: dict) -> bool:
-        return self.fs.exists(entry["path"])
