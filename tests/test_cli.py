@@ -134,3 +134,31 @@ def test_status_as_a_user_who_may_not_ask_says_permission_denied():
     shutil.rmtree(tmp_path)
     assert os.waitstatus_to_exitcode(status) == 1, text
     assert "permission denied" in text and "no daemon" not in text, text
+
+
+def test_reset_restores_what_a_damaged_journal_still_holds_and_names_the_rest(tmp_path, capsys):
+    from cosched.actuators import journal as jr
+    from cosched.actuators.freezer import FreezerKnob
+    from cosched.cli import main
+    from cosched.hostfs import HostFS
+
+    files = [tmp_path / f"cg{i}" / "cgroup.freeze" for i in range(2)]
+    for f in files:
+        f.parent.mkdir()
+        f.write_text("0")
+    state = tmp_path / "state"
+    journal = jr.Journal(str(state / "journal.json"))
+    knob = FreezerKnob(HostFS("/"))
+    journal.record(dict(knob.record(str(f)) for f in files))
+    for f in files:                                  # the daemon froze both, then died
+        f.write_text("1")
+    lines = (state / "journal.json").read_text().split("\n")
+    lines[2] = lines[2][:-5] + "XXXXX"               # the second entry's line is damaged
+    (state / "journal.json").write_text("\n".join(lines))
+    config = tmp_path / "cosched.toml"
+    config.write_text(f'state_dir = "{state}"\n')
+    assert main(["reset", "--config", str(config)]) == 1
+    err = capsys.readouterr().err
+    assert "journal damaged" in err and "line 3: checksum mismatch" in err, err
+    assert [f.read_text() for f in files] == ["0", "1"]           # the readable entry restored
+    assert main(["reset", "--config", str(config)]) == 0          # nothing left that it knows of
