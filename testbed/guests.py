@@ -150,3 +150,40 @@ def throughput(results: list[dict[str, int]], since_ms: int = 0) -> float:
         return 0.0
     first, last = rs[0], rs[-1]
     return (last["iters"] - first["iters"]) * 1000.0 / max(last["t_ms"] - first["t_ms"], 1)
+
+
+def cgroup_mounts() -> tuple[str, str | None]:
+    """(cgroup v2 mount, v1 cpu controller mount or None), from /proc/self/mountinfo."""
+    v2 = cpu = None
+    for line in open("/proc/self/mountinfo"):
+        left, _, right = line.partition(" - ")
+        fstype, _src, opts = (right.split() + ["", "", ""])[:3]
+        if fstype == "cgroup2" and v2 is None:
+            v2 = left.split()[4]
+        elif fstype == "cgroup" and "cpu" in opts.split(","):
+            cpu = left.split()[4]
+    if v2 is None:
+        raise RuntimeError("no cgroup2 mount in /proc/self/mountinfo")
+    return v2, cpu
+
+
+def vcpu_cgroups(name: str) -> dict[str, list[str]]:
+    """Where libvirt put the running guest's vCPU threads, read from each
+    thread's ``/proc/TID/cgroup`` (no assumed layout): ``{"v2": [dirs], "cpu":
+    [dirs]}``, host paths, one per vCPU thread. Raises when the guest has no
+    vCPU thread in a ``vcpuN`` v2 cgroup, so no caller can pass on nothing."""
+    v2_mount, cpu_mount = cgroup_mounts()
+    pid = int(Path(f"/run/libvirt/qemu/{name}.pid").read_text())
+    out: dict[str, list[str]] = {"v2": [], "cpu": []}
+    for tid in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
+        if not re.match(r"CPU \d+/", Path(f"/proc/{pid}/task/{tid}/comm").read_text()):
+            continue
+        for line in Path(f"/proc/{pid}/task/{tid}/cgroup").read_text().splitlines():
+            hier, ctrls, path = line.split(":", 2)
+            if hier == "0" and re.search(r"/vcpu\d+$", path):
+                out["v2"].append(v2_mount + path)
+            elif cpu_mount and "cpu" in ctrls.split(",") and re.search(r"/vcpu\d+$", path):
+                out["cpu"].append(cpu_mount + path)
+    if not out["v2"]:
+        raise AssertionError(f"{name}: no vCPU thread in a vcpuN cgroup of the v2 tree")
+    return out

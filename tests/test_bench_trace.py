@@ -33,8 +33,10 @@ def test_a_switch_in_from_idle_the_kernel_dropped_is_recovered():
 
 
 def test_other_threads_are_ignored():
-    assert all(e.tid in (11, 12) for e in parse(TRACE, {11, 12}))
-    assert [e.tid for e in parse(TRACE, {11})] == [11] * len([e for e in parse(TRACE, {11})])
+    both = parse(TRACE, {11, 12})
+    assert {e.tid for e in both} == {11, 12}
+    only = parse(TRACE, {11})
+    assert only and only == [e for e in both if e.tid == 11]
 
 
 def test_exact_figures_of_the_parsed_trace():

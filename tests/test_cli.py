@@ -29,6 +29,21 @@ def test_validate_names_bad_attribute(tmp_path, capsys):
 
 
 def test_validate_every_template_and_missing_file(tmp_path, capsys):
+    from string import Template
+
+    from testbed.guests import TEMPLATES, annotation
+    templates = sorted(TEMPLATES.glob("*.xml"))
+    assert templates, f"no templates in {TEMPLATES}"
+    for path in templates:
+        for policy, code in ((annotation("gang", quantum_ms=20), 0), (annotation("gang", quantum_ms="x"), 1)):
+            xml = Template(path.read_text()).substitute(
+                name="vm", type="qemu", vcpus=2, max_vcpus=2, memory_mib=96, kernel="/k", initrd="/i",
+                console_log="/c", workload="idle", annotation=policy)
+            rendered = tmp_path / path.name
+            rendered.write_text(xml)
+            assert main(["validate", str(rendered)]) == code, (path.name, policy)
+        out = capsys.readouterr()
+        assert "valid: preset gang (policy gang" in out.out and "quantum-ms" in out.err, (path.name, out)
     assert main(["validate", str(tmp_path / "none.xml")]) == 1
     assert "cannot read" in capsys.readouterr().err
 

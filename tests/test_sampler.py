@@ -41,15 +41,24 @@ def test_independence_estimate_for_halves():
     assert w.partial == pytest.approx(2.5 * MS)
 
 
-@pytest.mark.parametrize("placed", [
-    [(5 * MS, 5 * MS), (5 * MS, 5 * MS)],
-    [(2 * MS, 3 * MS), (7 * MS, 1 * MS), (0, 10 * MS)],
-    [(10 * MS, 0), (0, 10 * MS)],
-    [(1 * MS, 0), (0, 1 * MS)],
+@pytest.mark.parametrize("placed,cpus,truth", [
+    ([(10 * MS, 0), (0, 10 * MS)], None, 10 * MS),          # one ran throughout while the other waited
+    ([(10 * MS, 0), (10 * MS, 0)], None, 0.0),              # both ran throughout
+    ([(0, 10 * MS), (0, 10 * MS)], None, 0.0),              # both waited: nobody ran
+    ([(0, 0), (10 * MS, 0)], None, 0.0),                    # one idled, one ran
+    ([(10 * MS, 0), (0, 10 * MS), (0, 0)], None, 10 * MS),
+    ([(5 * MS, 5 * MS), (5 * MS, 5 * MS)], [0, 0], 10 * MS),  # queued on one CPU: they take turns
 ])
-def test_estimate_within_bounds(placed):
-    lo, hi = hazard_bounds(10 * MS, placed)
-    assert lo - 1e-12 <= estimate(10 * MS, placed).hazard <= hi + 1e-12
+def test_estimate_equals_the_truth_where_the_window_determines_it(placed, cpus, truth):
+    assert estimate(10 * MS, placed, cpus=cpus).hazard == pytest.approx(truth, abs=1e-12)
+
+
+def test_independence_is_the_model_where_the_window_does_not_determine_it():
+    # two vCPUs on distinct CPUs, each half running, half waiting: the truth lies
+    # anywhere in [0, 10] ms; independence says run1*wait2 + run2*wait1 = 5 ms
+    placed = [(5 * MS, 5 * MS), (5 * MS, 5 * MS)]
+    assert hazard_bounds(10 * MS, placed) == pytest.approx((0.0, 10 * MS))
+    assert estimate(10 * MS, placed).hazard == pytest.approx(5 * MS)
 
 
 def test_costop_counts_as_lag():

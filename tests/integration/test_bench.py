@@ -41,7 +41,7 @@ def test_harness_writes_results_summary_and_plots(libvirtd, guest_image, tmp_pat
     for heading in ("Throughput relative to the ideal", "Iteration times", "Fairness and concurrency hazard",
                     "Daemon overhead", "Metric truth"):
         assert heading in summary
-    assert f"| barrier | 2 |" in summary
+    assert "| barrier | 2 |" in summary
     for png in ("throughput", "iteration_cdf", "fairness", "hazard", "overhead", "truth"):
         data = (out / f"{png}.png").read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, png

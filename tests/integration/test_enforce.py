@@ -6,7 +6,6 @@ three under the host's own scheduler, then the three under ``gang``.
 """
 from __future__ import annotations
 
-import glob
 import os
 import signal
 import subprocess
@@ -31,7 +30,7 @@ def set_policy(name: str, xml: str) -> None:
 
 
 def vcpu_cgroups(name: str) -> list[str]:
-    return sorted(glob.glob(f"/sys/fs/cgroup/unified/machine/qemu-*-{name}.libvirt-qemu/vcpu*"))
+    return sorted(guests.vcpu_cgroups(name)["v2"])
 
 
 def host_state(names) -> dict:
@@ -46,8 +45,12 @@ def host_state(names) -> dict:
             state[f"{cg} freeze"] = open(f"{cg}/cgroup.freeze").read().strip()
             for tid in open(f"{cg}/cgroup.threads").read().split():
                 state[f"{name} tid {tid} policy"] = os.sched_getscheduler(int(tid))
-    for path in glob.glob("/sys/fs/cgroup/cpu/machine/**/cpu.rt_runtime_us", recursive=True):
-        state[path] = open(path).read().strip()
+        cpu_mount = guests.cgroup_mounts()[1]
+        for cg in guests.vcpu_cgroups(name)["cpu"]:           # the RT runtime chain, vCPU up to the root
+            while cg.startswith(cpu_mount):
+                if os.path.exists(f"{cg}/cpu.rt_runtime_us"):
+                    state[f"{cg}/cpu.rt_runtime_us"] = open(f"{cg}/cpu.rt_runtime_us").read().strip()
+                cg = os.path.dirname(cg)
     return state
 
 
