@@ -9,7 +9,8 @@
  *
  * Workloads (argv[1]); each worker thread is pinned to its own vCPU:
  *   barrier   compute `chunk` LCG steps, then meet at a spin barrier;
- *             iters = barrier crossings.
+ *             iters = barrier crossings counted by every thread (one
+ *             crossing of all `threads` threads adds `threads` to iters).
  *   deadline  the skew microbenchmark of the Xen gang-scheduling paper:
  *             compute chunks of `chunk_ms` and count completions globally; a
  *             chunk is missed when, while its thread computed it, the global
@@ -20,7 +21,11 @@
  *             with `chunk` steps outside it; iters = acquisitions.
  *   lu        blocked LU factorisation of an n x n matrix (block b) with a
  *             spin barrier after each phase of each step; iters = factorisations.
- *   ep        independent `chunk`-step loops, no sharing; iters = chunks.
+ *             After each one a row of L*U (a different row each time) is
+ *             checked against the original matrix; a relative residual over
+ *             1e-9 counts an error.
+ *   ep        independent `chunk`-step loops, no sharing (each thread keeps
+ *             its result on its own cache lines); iters = chunks.
  *   blocking  `chunk` steps, then sleep `sleep_us`: vCPUs are often idle;
  *             iters = chunks.
  *   pingpong  two threads pass a token through a pipe; iters = round trips.
@@ -28,7 +33,11 @@
  *
  * Every `interval_ms` the main thread prints one line that the host parses:
  *
- *     cosched-result workload=NAME t_ms=<guest monotonic ms> iters=<total> [missed=<total>] hist=<i>:<n>,...
+ *     cosched-result workload=NAME t_ms=<guest monotonic ms> iters=<total> [missed=<total>] errors=<total> hist=<i>:<n>,...
+
+ * `errors` counts failed self-checks: a worker that could not be pinned to its
+ * vCPU, or an LU factorisation whose residual is too large; each failure also
+ * prints a `cosched-error ...` line.
  *
  * Counters are cumulative, so a reader can take any two lines and divide.
  * `hist` counts iterations by how long each took (time since the same
@@ -62,14 +71,14 @@ static long opt_b = 16;           /* lu: block size */
 
 #define HIST_BUCKETS 136       /* up to 2^34 us */
 
-/* per-thread counters, each thread on its own cache lines */
+/* per-thread counters and results, each thread on its own cache lines */
 static struct {
-    volatile uint64_t iters, missed;
+    volatile uint64_t iters, missed, errors;
     uint64_t last_ns;
+    volatile uint64_t sink;
     volatile uint64_t hist[HIST_BUCKETS];
-    char pad[40];
+    char pad[24];
 } count[MAX_THREADS];
-static volatile uint64_t sink;
 
 static uint64_t now_ns(void) {
     struct timespec ts;
@@ -94,11 +103,13 @@ static void count_iter(long id) {
     count[id].iters++;
 }
 
-static void compute(long steps) {
+/* `steps` LCG steps; the result goes to the thread's own line, so that
+ * computing shares nothing between threads */
+static void compute(long id, long steps) {
     uint64_t x = (uint64_t)steps;
     for (long i = 0; i < steps; i++)
         x = x * 6364136223846793005ULL + 1442695040888963407ULL;
-    sink += x;
+    count[id].sink += x;
 }
 
 /* Sense-reversing centralized spin barrier: the spinning is the point. */
@@ -119,14 +130,17 @@ static void pin_self(long cpu) {
     cpu_set_t set;
     CPU_ZERO(&set);
     CPU_SET((int)cpu, &set);
-    sched_setaffinity(0, sizeof set, &set);
+    if (sched_setaffinity(0, sizeof set, &set) != 0 || sched_getcpu() != (int)cpu) {
+        count[cpu].errors++;
+        printf("cosched-error pin_self cpu=%ld: %s\n", cpu, sched_getcpu() < 0 ? "no cpu" : "not pinned");
+    }
 }
 
 static void *barrier_thread(void *arg) {
     long id = (long)arg;
     int sense = 0;
     for (;;) {
-        compute(opt_chunk);
+        compute(id, opt_chunk);
         barrier_wait(&sense);
         count_iter(id);
     }
@@ -144,7 +158,7 @@ static void *deadline_thread(void *arg) {
     long id = (long)arg;
     uint64_t last = 0;
     for (;;) {
-        compute(deadline_steps);
+        compute(id, deadline_steps);
         uint64_t now = __atomic_add_fetch(&chunks_done, 1, __ATOMIC_ACQ_REL);
         if (last && now - last > (uint64_t)opt_threads)
             count[id].missed++;
@@ -162,15 +176,16 @@ static void *spinlock_thread(void *arg) {
         while (__atomic_exchange_n(&lock, 1, __ATOMIC_ACQUIRE))
             while (__atomic_load_n(&lock, __ATOMIC_RELAXED))
                 __builtin_ia32_pause();
-        compute(opt_cs);
+        compute(id, opt_cs);
         __atomic_store_n(&lock, 0, __ATOMIC_RELEASE);
         count_iter(id);
-        compute(opt_chunk);
+        compute(id, opt_chunk);
     }
     return NULL;
 }
 
-static double *mat;
+static double *mat, *orig;
+static long check_row;
 
 static void lu_init(void) {
     long n = opt_n;
@@ -218,6 +233,21 @@ static void lu_perimeter(long bi, long bk, int column) {
         }
 }
 
+/* relative residual of row r of L*U against the original (L unit lower, U upper, in place) */
+static double lu_residual(long r) {
+    long n = opt_n;
+    double worst = 0.0;
+    for (long j = 0; j < n; j++) {
+        double sum = 0.0;
+        for (long k = 0; k <= (r < j ? r : j); k++)
+            sum += (k == r ? 1.0 : mat[r * n + k]) * mat[k * n + j];
+        double a = orig[r * n + j], d = (sum - a) / (a != 0.0 ? a : 1.0);
+        if (d < 0) d = -d;
+        if (d > worst) worst = d;
+    }
+    return worst;
+}
+
 static void *lu_thread(void *arg) {
     long id = (long)arg, nb = opt_n / opt_b, p = opt_threads;
     int sense = 0;
@@ -238,8 +268,15 @@ static void *lu_thread(void *arg) {
                 lu_update(k + 1 + t / (nb - k - 1), k + 1 + t % (nb - k - 1), k);
             barrier_wait(&sense);
         }
-        if (id == 0)
+        if (id == 0) {
+            double res = lu_residual(check_row);
+            if (!(res <= 1e-9)) {
+                count[0].errors++;
+                printf("cosched-error lu row=%ld residual=%g\n", check_row, res);
+            }
+            check_row = (check_row + 1) % opt_n;
             count_iter(0);
+        }
     }
     return NULL;
 }
@@ -247,7 +284,7 @@ static void *lu_thread(void *arg) {
 static void *ep_thread(void *arg) {
     long id = (long)arg;
     for (;;) {
-        compute(opt_chunk);
+        compute(id, opt_chunk);
         count_iter(id);
     }
     return NULL;
@@ -257,7 +294,7 @@ static void *blocking_thread(void *arg) {
     long id = (long)arg;
     struct timespec ts = {opt_sleep_us / 1000000, (opt_sleep_us % 1000000) * 1000};
     for (;;) {
-        compute(opt_chunk);
+        compute(id, opt_chunk);
         nanosleep(&ts, NULL);
         count_iter(id);
     }
@@ -349,12 +386,17 @@ int main(int argc, char **argv) {
     bar.count = opt_threads;
     if (!strcmp(name, "deadline")) {
         uint64_t t0 = now_ns();
-        compute(1000000);
+        compute(0, 1000000);
         uint64_t per_ms = 1000000ull * 1000000ull / (now_ns() - t0 + 1);
         deadline_steps = (long)(per_ms * opt_chunk_ms);
     }
-    if (!strcmp(name, "lu"))
+    if (!strcmp(name, "lu")) {
         mat = malloc(sizeof(double) * opt_n * opt_n);
+        orig = malloc(sizeof(double) * opt_n * opt_n);
+        lu_init();
+        for (long i = 0; i < opt_n * opt_n; i++)
+            orig[i] = mat[i];
+    }
     if (pipe(ping) || pipe(pong))
         return 1;
     printf("cosched-ready workload=%s threads=%ld chunk=%ld\n", name, opt_threads, opt_chunk);
@@ -367,10 +409,11 @@ int main(int argc, char **argv) {
     struct timespec ts = {opt_interval_ms / 1000, (opt_interval_ms % 1000) * 1000000};
     for (;;) {
         nanosleep(&ts, NULL);
-        uint64_t iters = 0, missed = 0, hist[HIST_BUCKETS] = {0};
+        uint64_t iters = 0, missed = 0, errors = 0, hist[HIST_BUCKETS] = {0};
         for (long i = 0; i < opt_threads; i++) {
             iters += count[i].iters;
             missed += count[i].missed;
+            errors += count[i].errors;
             for (int b = 0; b < HIST_BUCKETS; b++)
                 hist[b] += count[i].hist[b];
         }
@@ -379,6 +422,7 @@ int main(int argc, char **argv) {
                       (unsigned long long)(now_ns() / 1000000), (unsigned long long)iters);
         if (w->reports_missed)
             p += snprintf(p, end - p, " missed=%llu", (unsigned long long)missed);
+        p += snprintf(p, end - p, " errors=%llu", (unsigned long long)errors);
         const char *sep = " hist=";
         for (int b = 0; b < HIST_BUCKETS && end - p > 32; b++)
             if (hist[b]) {

@@ -23,9 +23,12 @@ def test_workload_reports_progress(workload, libvirtd, guest_image):
         while len(g.results()) < 3 and time.monotonic() < deadline:
             time.sleep(0.2)
         last = g.results()[-1]
+        console = g.console()
     finally:
         g.destroy()
     assert last["iters"] > first["iters"] > 0, (first, last)
+    # self-checks: every worker pinned to its own vCPU, lu's residual within bounds
+    assert last["errors"] == 0 and "cosched-error" not in console, console[-2000:]
     assert last["t_ms"] > first["t_ms"]
     if workload == "deadline":
         assert 0 <= last["missed"] <= last["iters"]
