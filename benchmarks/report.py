@@ -31,11 +31,26 @@ def _mean(values):
     return mean(values) if values else None
 
 
-def aggregate(res: dict) -> dict:
-    """``{(workload, guests, mode): figures}`` over repetitions and guests."""
-    groups: dict[tuple, list[dict]] = {}
+def invalid_runs(res: dict) -> dict[tuple, int]:
+    """``{(workload, guests, mode): runs left out}``: invalid (coverage), or without a valid ideal."""
+    out: dict[tuple, int] = {}
     for r in res["runs"]:
-        groups.setdefault((r["workload"], r["guests"], r["mode"]), []).append(r)
+        if not r.get("valid", True) or (r["mode"] != "alone" and not r.get("ideal")):
+            key = (r["workload"], r["guests"], r["mode"])
+            out[key] = out.get(key, 0) + 1
+    return out
+
+
+def aggregate(res: dict) -> dict:
+    """``{(workload, guests, mode): figures}`` over the valid repetitions and guests."""
+    groups: dict[tuple, list[dict]] = {}
+    invalid: dict[tuple, int] = {}
+    for r in res["runs"]:
+        key = (r["workload"], r["guests"], r["mode"])
+        if r.get("valid", True) and (r["mode"] == "alone" or r.get("ideal")):
+            groups.setdefault(key, []).append(r)
+        else:                       # never averaged in: counted and shown
+            invalid[key] = invalid.get(key, 0) + 1
     out = {}
     for (wl, n, mode), rs in groups.items():
         of_ideal = [sum(g["rate"] for g in r["per_guest"].values()) / r["ideal"] if r.get("ideal") else 0.0
@@ -45,6 +60,7 @@ def aggregate(res: dict) -> dict:
         errors = [100 * abs(g["hazard"] - g["trace"]["hazard"]) for g in gs
                   if g.get("trace") and g.get("hazard") is not None]
         out[(wl, n, mode)] = {
+            "invalid": invalid.get((wl, n, mode), 0),
             "of_ideal": of_ideal,
             "jain": _mean([jain([g["rate"] for g in r["per_guest"].values()]) for r in rs]) if n > 1 else 1.0,
             "missed_pct": 100 * sum(g["missed"] for g in gs) / iters if iters else None,
@@ -79,6 +95,7 @@ def _table(head: list[str], rows: list[list[str]]) -> list[str]:
 
 def summary(res: dict, agg: dict | None = None) -> str:
     agg = agg or aggregate(res)
+    left_out = invalid_runs(res)
     h, c = res["host"], res["config"]
     modes, counts, wls = c["modes"], c["guests"], c["workloads"]
     top = max(counts)
@@ -90,7 +107,11 @@ def summary(res: dict, agg: dict | None = None) -> str:
         f"Command: `{res['command']}`", "",
         "## Throughput relative to the ideal", "",
         "Aggregate iterations per second of all guests, divided by the first guest's alone with the "
-        "others paused, measured in the same repetition (mean over repetitions, min–max in brackets).", "",
+        "others paused, measured in the same repetition (mean over repetitions, min–max in brackets). "
+        f"Only valid runs count: every guest's result lines span at least "
+        f"{100 * c.get('min_coverage', 0.9):.0f}% of the interval; a run that is not is measured again "
+        f"(up to {c.get('retries', 0)} times) and, if it stays invalid, left out and counted in square "
+        "brackets.", "",
     ]
     rows = []
     for wl in wls:
@@ -98,7 +119,9 @@ def summary(res: dict, agg: dict | None = None) -> str:
             row = [wl, str(n)]
             for m in modes:
                 a = agg.get((wl, n, m))
-                row.append("-" if not a else f"{_pct(mean(a['of_ideal']))} ({_pct(min(a['of_ideal']))}–{_pct(max(a['of_ideal']))})")
+                bad = left_out.get((wl, n, m), 0)
+                cell = "-" if not a else f"{_pct(mean(a['of_ideal']))} ({_pct(min(a['of_ideal']))}–{_pct(max(a['of_ideal']))})"
+                row.append(cell + (f" [{bad} invalid]" if bad else ""))
             rows.append(row)
     lines += _table(["workload", "guests", *modes], rows)
     if "deadline" in wls:

@@ -1,7 +1,7 @@
 """The co-scheduling benchmark suite: guest workloads under every scheduling mode.
 
     python -m benchmarks.suite [--guests 2,3,4] [--vcpus 2] [--workloads barrier,deadline,...]
-        [--modes batch,cfs,gang,partial,boost] [--seconds 6] [--reps 2] [--no-truth] [--out DIR]
+        [--modes batch,cfs,gang,partial,boost] [--seconds 6] [--reps 2] [--retries 2] [--no-truth] [--out DIR]
 
 ``make bench`` runs the full suite, ``make bench-smoke`` a small one (under
 five minutes). For each workload (see ``testbed/workloads/guest-init.c``):
@@ -22,10 +22,23 @@ on the same booted guests:
                 preset, switched live through the libvirt annotation.
 
 Per guest and run it records throughput (iterations per second of guest
-time, from the first to the last result line inside the interval), missed
+time, between the first and the last result line the guest printed inside
+the interval: lines counted after ``t0`` is taken and before ``t1`` is), its
+*coverage* (the guest time those lines span, over the interval), missed
 deadlines, the histogram of iteration times, and cosched's own hazard and
 skew figures for the interval; per run the daemon's switch latency, slot
-lateness and CPU time (daemon and switcher, percent of one CPU). With truth
+lateness and CPU time (daemon and switcher, percent of one CPU), and each
+vCPU thread's affinity, scheduling policy and cgroups at the start and at
+the end (``host_state``, read from /proc by this module alone).
+
+A run is *valid* when every guest's coverage is at least 90%: a guest whose
+vCPUs barely ran prints too few lines to tell its rate, and a rate taken
+from two lines close together says nothing about the interval. An invalid
+run is measured again (``--retries`` times); if it stays invalid it is kept
+in ``results.json`` with ``valid: false``, shown as invalid in the report
+and never averaged in. In ``batch`` each guest's turn is its own interval
+(from resume to suspend), and the run's interval is the sum of the turns:
+reading the consoles between turns is not counted. With truth
 on (the default), every non-batch run also records the kernel's
 ``sched_switch``/``sched_wakeup`` events of the vCPU threads
 (:mod:`benchmarks.trace`) and computes each guest's exact hazard fraction
@@ -57,14 +70,14 @@ from benchmarks import report
 from benchmarks.stats import (RUNNABLE, RUNNING, SLEEPING, hist_delta, states_at, timelines, trace_figures,
                               window_skews)
 from benchmarks.trace import SchedTrace
-from cosched.sampler import read_schedstat, read_state
 from testbed import guests, image, services
 from testbed.daemon import DaemonProcess
 
 PREFIX = "cosched-bench-"
 WORKLOADS = ("barrier", "deadline", "spinlock", "lu", "ep", "blocking", "pingpong")
 MODES = ("batch", "cfs", "gang", "partial", "boost")
-REPORT_MS = 250           # guests print a result line this often
+REPORT_MS = 100           # guests print a result line this often
+MIN_COVERAGE = 0.9        # a run is valid when each guest's lines span 90% of its interval
 SKEW_WINDOW = 0.010       # the daemon's default sampling interval
 
 
@@ -121,21 +134,26 @@ def _ms(v: float | None) -> float | None:
 
 
 # -- reading the guests -------------------------------------------------------
-def guest_window(results: list[dict], first: int) -> dict:
-    """A guest's figures from result line ``first`` to its last line.
+def guest_window(results: list[dict], first: int, last: int, interval: float) -> dict:
+    """A guest's figures from its result lines ``first`` to ``last - 1``: the
+    lines it printed inside an interval of ``interval`` host seconds.
 
-    Throughput is per second of guest time, which stands still while libvirt
-    pauses the guest, so a batch turn is measured as the guest saw it (and
-    then weighted by the turn's share of the interval).
+    Throughput is per second of guest time between the first and the last of
+    those lines (guest time stands still while libvirt pauses the guest, so a
+    batch turn is measured as the guest saw it). ``coverage`` is the guest
+    time they span over ``interval``; ``valid`` when at least MIN_COVERAGE.
     """
-    rs = results[first:]
+    rs = results[first:last]
     if len(rs) < 2:
-        return {"rate": 0.0, "iters": 0, "missed": 0, "hist": {}, "guest_seconds": 0.0}
+        return {"rate": 0.0, "iters": 0, "missed": 0, "errors": 0, "hist": {}, "guest_seconds": 0.0,
+                "lines": len(rs), "coverage": 0.0, "valid": False}
     a, b = rs[0], rs[-1]
     span = max(b["t_ms"] - a["t_ms"], 1) / 1000
+    coverage = span / interval
     return {"rate": (b["iters"] - a["iters"]) / span, "iters": b["iters"] - a["iters"],
-            "missed": b.get("missed", 0) - a.get("missed", 0),
-            "hist": hist_delta(a.get("hist", {}), b.get("hist", {})), "guest_seconds": span}
+            "missed": b.get("missed", 0) - a.get("missed", 0), "errors": b.get("errors", 0) - a.get("errors", 0),
+            "hist": hist_delta(a.get("hist", {}), b.get("hist", {})), "guest_seconds": span,
+            "lines": len(rs), "coverage": coverage, "valid": coverage >= MIN_COVERAGE}
 
 
 def set_policy(name: str, preset: str) -> None:
@@ -184,30 +202,35 @@ def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: f
             tids[d["name"]] = {v["tid"] for v in d["vcpus"]}
             pids.update({v["tid"]: d["pid"] for v in d["vcpus"]})
     tracing = truth and mode != "batch"
-    first = {g.name: len(g.results()) for g in gs}
-    turn: dict[str, tuple] = {}     # batch: each guest's lines at the end of its turn, and the turn's length
+    turns: dict[str, float] = {}     # batch: each guest's turn, resume to suspend
     with SchedTrace(set().union(*tids.values())) if tracing else nullcontext() as tracer:
         if tracer:
             time.sleep(0.5)                   # events before t0 give each thread's state at t0
+        state0 = host_state(pids)
         s0, c0, t0, p0 = scrape(daemon), cpu_seconds(daemon.proc.pid), time.monotonic(), proc_states(pids)
+        first = {g.name: len(g.results()) for g in gs}        # counted after t0: printed inside
         if mode == "batch":
+            last = {}
             with paused(gs):
                 for g in gs:
-                    first[g.name] = len(g.results())
+                    first[g.name] = len(g.results())          # paused: nothing printed since
                     begin = time.monotonic()
                     g.dom.resume()
                     time.sleep(seconds / len(gs))
                     g.dom.suspend()
-                    turn[g.name] = (g.results(), time.monotonic() - begin)
+                    turns[g.name] = time.monotonic() - begin
+                    last[g.name] = len(g.results())
         else:
             time.sleep(seconds)
+            last = {g.name: len(g.results()) for g in gs}     # counted before t1: printed inside
         s1, c1, t1, p1 = scrape(daemon), cpu_seconds(daemon.proc.pid), time.monotonic(), proc_states(pids)
-        last = {g.name: turn[g.name][0] if g.name in turn else g.results() for g in gs}
+        state1 = host_state(pids)
+    span = sum(turns.values()) if turns else t1 - t0
     per_guest = {}
     for g in gs:
-        w = guest_window(last[g.name], first[g.name])
-        if g.name in turn:                      # batch: it ran only for its turn
-            w["rate"] *= turn[g.name][1] / (t1 - t0)
+        w = guest_window(g.results(), first[g.name], last[g.name], turns.get(g.name, span))
+        if g.name in turns:                     # batch: it ran only for its turn
+            w["rate"] *= turns[g.name] / span
         d0, d1 = s0["domains"].get(g.name, {}), s1["domains"].get(g.name, {})
         observed = d1.get("observed", 0) - d0.get("observed", 0)
         n_skew = d1.get("count", 0) - d0.get("count", 0)
@@ -220,26 +243,62 @@ def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: f
            ("cosched_switch_latency_seconds_bucket", "cosched_slot_lateness_seconds_bucket")]
     return {
         "per_guest": per_guest,
-        "seconds": t1 - t0,
+        "valid": all(w["valid"] for w in per_guest.values()),
+        "seconds": span,
+        "wall_seconds": t1 - t0,
         "switch_latency_p50_ms": _ms(quantile(0.5, *lat[0])),
         "switch_latency_p99_ms": _ms(quantile(0.99, *lat[0])),
         "slot_lateness_p99_ms": _ms(quantile(0.99, *lat[1])),
         "switches": (lat[0][1][-1][1] - (lat[0][0][-1][1] if lat[0][0] else 0)) if lat[0][1] else 0,
         "daemon_cpu_pct": 100.0 * (c1 - c0) / (t1 - t0),
         "trace_overruns": tracer.overruns if tracer else None,
+        "host_state": {"start": state0, "end": state1},
     }
 
 
+# -- /proc, read here and nowhere else in the benchmark (not through cosched's parsers) --
+def _task(pid: int, tid: int, name: str) -> str:
+    with open(f"/proc/{pid}/task/{tid}/{name}") as f:
+        return f.read()
+
+
 def proc_states(pids: dict[int, int]) -> dict[int, tuple[bool, int]]:
-    """``{tid: (runnable, run ns)}`` from /proc, for threads given as ``{tid: pid}``."""
+    """``{tid: (runnable, run ns)}``: the state letter after the command name in
+    ``stat`` (``R`` runnable or running) and the first field of ``schedstat``."""
     out = {}
     for tid, pid in pids.items():
         try:
-            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as stat, \
-                    open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as schedstat:
-                out[tid] = (read_state(stat.fileno())[0], read_schedstat(schedstat.fileno())[0])
+            stat, schedstat = _task(pid, tid, "stat"), _task(pid, tid, "schedstat")
+            out[tid] = (stat[stat.rindex(")") + 2] == "R", int(schedstat.split()[0]))
         except (OSError, IndexError, ValueError):
             pass                        # the thread is gone
+    return out
+
+
+def host_state(pids: dict[int, int]) -> dict[str, dict]:
+    """Each vCPU thread's affinity, scheduling policy and priority, and cgroups
+    (every hierarchy, with its v2 ``cgroup.freeze``), keyed by TID."""
+    import re as _re
+    v2 = next((line.split()[4] for line in open("/proc/self/mountinfo") if " - cgroup2 " in line), None)
+    out = {}
+    for tid, pid in pids.items():
+        try:
+            status = _task(pid, tid, "status")
+            cgroups = _task(pid, tid, "cgroup").split()
+            policy = os.sched_getscheduler(tid)
+            prio = os.sched_getparam(tid).sched_priority
+        except (OSError, ValueError):
+            continue
+        m = _re.search(r"^Cpus_allowed_list:\s*(\S+)", status, _re.M)
+        v2_path = next((c[3:] for c in cgroups if c.startswith("0::")), None)
+        freeze = None
+        if v2 and v2_path:
+            try:
+                freeze = open(f"{v2}{v2_path}/cgroup.freeze").read().strip()
+            except OSError:
+                pass
+        out[str(tid)] = {"affinity": m.group(1) if m else None, "policy": policy, "priority": prio,
+                         "cgroups": cgroups, "freeze": freeze}
     return out
 
 
@@ -308,20 +367,27 @@ def run(args) -> dict:
                     ideal = None
                     for mode in ("alone", *args.modes):
                         notes = apply_mode(daemon, gs, "cfs" if mode == "alone" else mode, args.settle)
-                        if mode == "alone":             # the ideal, measured next to what it normalises
-                            with paused(gs[1:]):
-                                r = measure(daemon, gs[:1], mode, args.seconds, args.truth)
-                            ideal = r["per_guest"][gs[0].name]["rate"]
-                            alone_rates.setdefault(wl, []).append(ideal)
-                        else:
-                            r = measure(daemon, gs, mode, args.seconds, args.truth)
+                        for attempt in range(1 + args.retries):   # an invalid run is measured again
+                            if mode == "alone":         # the ideal, measured next to what it normalises
+                                with paused(gs[1:]):
+                                    r = measure(daemon, gs[:1], mode, args.seconds, args.truth)
+                            else:
+                                r = measure(daemon, gs, mode, args.seconds, args.truth)
+                            if r["valid"]:
+                                break
+                        if mode == "alone":
+                            ideal = r["per_guest"][gs[0].name]["rate"] if r["valid"] else None
+                            if ideal:
+                                alone_rates.setdefault(wl, []).append(ideal)
                         r.update(workload=wl, guests=1 if mode == "alone" else n, mode=mode, rep=rep,
-                                 ideal=ideal, notes=notes)
+                                 ideal=ideal, notes=notes, attempts=attempt + 1)
                         runs.append(r)
                         total = sum(g["rate"] for g in r["per_guest"].values())
+                        low = min(g["coverage"] for g in r["per_guest"].values())
                         progress.step(f"{wl} x{n} {mode} rep {rep + 1}: "
-                                      + (f"{total:.1f} iterations/s" if mode == "alone" else
-                                         f"{100 * total / ideal:.0f}% of ideal" if ideal else "no ideal"))
+                                      + (f"INVALID after {attempt + 1} attempts (coverage {100 * low:.0f}%)"
+                                         if not r["valid"] else f"{total:.1f} iterations/s" if mode == "alone" else
+                                         f"{100 * total / ideal:.0f}% of ideal" if ideal else "no valid ideal"))
             guests.destroy_all(PREFIX)
     finally:
         rc = daemon.stop()
@@ -333,7 +399,8 @@ def run(args) -> dict:
                  "domain_type": guests.domain_type(), "python": platform.python_version(),
                  "cpu_model": _cpu_model()},
         "config": {"guests": counts, "vcpus": args.vcpus, "workloads": list(args.workloads),
-                   "modes": list(args.modes), "seconds": args.seconds, "reps": args.reps, "truth": args.truth},
+                   "modes": list(args.modes), "seconds": args.seconds, "reps": args.reps, "truth": args.truth,
+                   "retries": args.retries, "min_coverage": MIN_COVERAGE, "report_ms": REPORT_MS},
         "command": " ".join(["python -m benchmarks.suite", *sys.argv[1:]]),
         "ideal": {wl: sum(r) / len(r) for wl, r in alone_rates.items()},
         "runs": runs,
@@ -368,6 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=6.0, help="measurement interval per run")
     ap.add_argument("--settle", type=float, default=1.5, help="wait after a mode change")
     ap.add_argument("--reps", type=int, default=2, help="repetitions of every mode")
+    ap.add_argument("--retries", type=int, default=2, help="measure an invalid run again, up to this many times")
     ap.add_argument("--no-truth", dest="truth", action="store_false",
                     help="skip the kernel-trace comparison of cosched's hazard and skew")
     ap.add_argument("--out", type=Path, default=None)

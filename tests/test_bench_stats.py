@@ -97,3 +97,33 @@ def test_window_skews_from_timelines():
     lines = {1: [(0, 0.014, RUNNING), (0.014, 0.020, SLEEPING)],
              2: [(0, 0.004, RUNNABLE), (0.004, 0.020, RUNNING)]}
     assert window_skews(lines, 0.0, 0.020, 0.010) == [pytest.approx(0.004), pytest.approx(0.006)]
+
+
+def lines(*points):
+    return [{"t_ms": t, "iters": i} for t, i in points]
+
+
+def test_a_rate_comes_only_from_lines_inside_the_interval_and_must_cover_it():
+    from benchmarks.suite import guest_window
+    rs = lines((0, 0), (1000, 100), (1100, 110), (6000, 600), (6100, 99999))
+    # lines 1..3 were printed inside a 5 s interval: 5 s of guest time, 100 iterations/s
+    w = guest_window(rs, 1, 4, 5.0)
+    assert w["rate"] == pytest.approx(100.0) and w["coverage"] == pytest.approx(1.0) and w["valid"]
+    # two lines 100 ms apart: a rate, but of 2% of the interval: invalid
+    w = guest_window(rs, 1, 3, 5.0)
+    assert w["coverage"] == pytest.approx(0.02) and not w["valid"]
+    # nothing printed inside (a starved guest): invalid, not a rate of 0 averaged in
+    assert not guest_window(rs, 4, 4, 5.0)["valid"]
+
+
+def test_invalid_runs_are_counted_never_averaged():
+    from benchmarks.report import aggregate, invalid_runs
+    g = lambda rate: {"rate": rate, "iters": 10, "missed": 0, "hist": {}, "hazard": None, "skew_mean_ms": None}
+    run = lambda mode, rate, valid, ideal=100.0: {
+        "workload": "barrier", "guests": 2, "mode": mode, "valid": valid, "ideal": ideal,
+        "per_guest": {"a": g(rate / 2), "b": g(rate / 2)}, "daemon_cpu_pct": 1.0}
+    res = {"runs": [run("cfs", 50.0, True), run("cfs", 17932.0, False), run("gang", 90.0, True, ideal=None)]}
+    agg = aggregate(res)
+    assert agg[("barrier", 2, "cfs")]["of_ideal"] == [0.5]
+    assert ("barrier", 2, "gang") not in agg
+    assert invalid_runs(res) == {("barrier", 2, "cfs"): 1, ("barrier", 2, "gang"): 1}
