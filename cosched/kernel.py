@@ -36,19 +36,33 @@ class ProcStat:
         return self.state == "R"
 
 
+# ``stat`` field numbers (proc(5)), counted as fields after the ``)`` that
+# ends the command name: field 3 (state) is index 0, so field n is n - 3.
+_STATE, _START, _CPU, _RT_PRIORITY, _POLICY = 3 - 3, 22 - 3, 39 - 3, 40 - 3, 41 - 3
+
+
 def parse_stat(text: str | bytes) -> ProcStat | None:
     """The fields of one ``stat`` line, or None when the line is cut short."""
     if isinstance(text, bytes):
         text = text.decode("ascii", "replace")
     fields = text.rpartition(")")[2].split()
-    # fields[0] is field 3 (state), so field n is fields[n - 3]
-    if len(fields) < 39:
+    if len(fields) <= _POLICY:
         return None
     try:
-        return ProcStat(state=fields[0], start_time=int(fields[19]), cpu=int(fields[36]),
-                        rt_priority=int(fields[37]), policy=policy_name(int(fields[38])))
+        return ProcStat(state=fields[_STATE], start_time=int(fields[_START]), cpu=int(fields[_CPU]),
+                        rt_priority=int(fields[_RT_PRIORITY]), policy=policy_name(int(fields[_POLICY])))
     except ValueError:
         return None
+
+
+def stat_runnable_cpu(raw: bytes) -> tuple[bool, int | None]:
+    """(state is ``R``, CPU) from a raw ``stat`` line: the sampler's fast path,
+    read for every vCPU a hundred times a second, so no decoding and no objects."""
+    fields = raw.rpartition(b")")[2].split()
+    try:
+        return fields[_STATE] == b"R", int(fields[_CPU])
+    except (IndexError, ValueError):
+        return False, None
 
 
 def events_frozen(text: str | None) -> bool | None:

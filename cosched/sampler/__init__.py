@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from cosched.hostfs import HostFS
-from cosched.kernel import parse_stat
+from cosched.kernel import stat_runnable_cpu
 from cosched.model import Snapshot
 from cosched.histogram import Histogram
 from cosched.sampler.estimate import VcpuCarry, estimate, place
@@ -87,10 +87,9 @@ def read_state(fd: int | None) -> tuple[bool, int | None]:
     if fd is None:
         return False, None
     try:
-        stat = parse_stat(os.pread(fd, 1024, 0))
+        return stat_runnable_cpu(os.pread(fd, 1024, 0))
     except OSError:
         return False, None
-    return (stat.runnable, stat.cpu) if stat else (False, None)
 
 
 class Sampler:
