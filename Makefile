@@ -74,7 +74,7 @@ demo: image services
 bench: image services
 	$(PY) -m benchmarks.suite --guests 2,4 --reps 2 --seconds 5
 
-# a small run of the same harness, under five minutes
+# a small run of the same harness: about 2 minutes (2.0 min on the 2-CPU development host, invalid runs repeated)
 bench-smoke: image services
 	$(PY) -m benchmarks.suite --guests 3 --workloads barrier,blocking --modes batch,cfs,gang --reps 1 --seconds 4
 

@@ -3,8 +3,8 @@
     python -m benchmarks.suite [--guests 2,3,4] [--vcpus 2] [--workloads barrier,deadline,...]
         [--modes batch,cfs,gang,partial,boost] [--seconds 6] [--reps 2] [--retries 2] [--no-truth] [--out DIR]
 
-``make bench`` runs the full suite, ``make bench-smoke`` a small one (under
-five minutes). For each workload (see ``testbed/workloads/guest-init.c``):
+``make bench`` runs the full suite, ``make bench-smoke`` a small one (about
+two minutes). For each workload (see ``testbed/workloads/guest-init.c``):
 
 for each guest count, that many guests boot and each repetition measures,
 on the same booted guests:
