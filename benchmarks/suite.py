@@ -54,6 +54,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import signal
 import subprocess
 import sys
@@ -278,8 +279,7 @@ def proc_states(pids: dict[int, int]) -> dict[int, tuple[bool, int]]:
 def host_state(pids: dict[int, int]) -> dict[str, dict]:
     """Each vCPU thread's affinity, scheduling policy and priority, and cgroups
     (every hierarchy, with its v2 ``cgroup.freeze``), keyed by TID."""
-    import re as _re
-    v2 = next((line.split()[4] for line in open("/proc/self/mountinfo") if " - cgroup2 " in line), None)
+    v2 = guests.cgroup_mounts()[0]
     out = {}
     for tid, pid in pids.items():
         try:
@@ -289,10 +289,10 @@ def host_state(pids: dict[int, int]) -> dict[str, dict]:
             prio = os.sched_getparam(tid).sched_priority
         except (OSError, ValueError):
             continue
-        m = _re.search(r"^Cpus_allowed_list:\s*(\S+)", status, _re.M)
+        m = re.search(r"^Cpus_allowed_list:\s*(\S+)", status, re.M)
         v2_path = next((c[3:] for c in cgroups if c.startswith("0::")), None)
         freeze = None
-        if v2 and v2_path:
+        if v2_path:
             try:
                 freeze = open(f"{v2}{v2_path}/cgroup.freeze").read().strip()
             except OSError:

@@ -1,8 +1,8 @@
 """Kernel file formats, each parsed in exactly one place.
 
-* ``/proc/PID/task/TID/stat``: :func:`parse_stat` (the command name sits in
-  parentheses and may hold spaces and parentheses, so fields are counted from
-  the last ``)``);
+* ``/proc/PID/task/TID/stat``: :func:`parse_stat`, and :func:`stat_runnable_cpu`
+  for the sampler's hot path (the command name sits in parentheses and may
+  hold spaces and parentheses, so fields are counted from the last ``)``);
 * ``cgroup.events`` of a cgroup v2 directory: :func:`events_frozen`;
 * scheduling policy numbers (``include/uapi/linux/sched.h``): :data:`POLICIES`.
 """
@@ -30,10 +30,6 @@ class ProcStat:
     cpu: int              # field 39: the CPU it last ran on
     rt_priority: int      # field 40
     policy: str           # field 41, by name
-
-    @property
-    def runnable(self) -> bool:
-        return self.state == "R"
 
 
 # ``stat`` field numbers (proc(5)), counted as fields after the ``)`` that

@@ -68,13 +68,16 @@ class FileKnob:
     def __init__(self, fs):
         self.fs = fs
 
+    def key(self, path: str) -> str:
+        """The journal key of ``path``'s original."""
+        return f"{self.kind}:{path}"
+
     def record(self, path: str) -> tuple[str, dict] | None:
         """The journal entry of the file's current value (None if it is gone)."""
         value = self.fs.read_or(path)
         if value is None:
             return None
-        return f"{self.kind}:{path}", {"kind": self.kind, "path": path, "original": value.strip(),
-                                       "depth": path.count("/")}
+        return self.key(path), {"kind": self.kind, "path": path, "original": value.strip(), "depth": path.count("/")}
 
     def restore(self, entry: dict) -> None:
         if not self.fs.exists(entry["path"]):

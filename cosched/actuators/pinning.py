@@ -67,10 +67,15 @@ class PinKnob:
     def __init__(self, pinner):
         self.pinner = pinner
 
+    @staticmethod
+    def key(uuid: str, vcpu: int) -> str:
+        """The journal key of one vCPU's original pinning."""
+        return f"{KIND}:{uuid}:{vcpu}"
+
     def record(self, uuid: str, name: str) -> dict[str, dict]:
         """Journal entries of every vCPU's live cpumap (read now)."""
-        return {f"{KIND}:{uuid}:{index}": {"kind": KIND, "uuid": uuid, "name": name, "vcpu": index,
-                                           "cpumap": list(cpumap)}
+        return {self.key(uuid, index): {"kind": KIND, "uuid": uuid, "name": name, "vcpu": index,
+                                        "cpumap": list(cpumap)}
                 for index, cpumap in enumerate(self._pinner().current(uuid))}
 
     def _pinner(self):

@@ -37,12 +37,12 @@ class RtGrants:
 
     ``grant`` makes the held set exactly ``wanted`` (files missing from it go
     back to their originals); ``release_all`` puts every original back.
-    Errors never raise: ``on_error(path, message, fatal)`` hears of each,
-    ``fatal`` when a grant could not be made (the boosts that needed it must
+    Errors never raise: ``on_error(message)`` hears of each, and ``grant``
+    returns the files it could not grant (the boosts that needed them must
     not be attempted).
     """
 
-    def __init__(self, fs: HostFS, on_error: Callable[[str, str, bool], None]):
+    def __init__(self, fs: HostFS, on_error: Callable[[str], None]):
         self.fs = fs
         self.on_error = on_error
         self.originals: dict[str, str] = {}
@@ -62,7 +62,7 @@ class RtGrants:
                 self._write(p, wanted[p])
             except OSError as e:
                 if e.errno not in GONE:
-                    self.on_error(p, f"rt runtime {p}: {os.strerror(e.errno)}", False)
+                    self.on_error(f"rt runtime {p}: {os.strerror(e.errno)}")
         for p in sorted(wanted, key=depth):
             if wanted[p] > current.get(p, 0):
                 try:
@@ -70,7 +70,7 @@ class RtGrants:
                 except OSError as e:
                     if e.errno not in GONE:
                         failed.add(p)
-                        self.on_error(p, f"RT runtime grant {p}={wanted[p]} failed: {os.strerror(e.errno)}", True)
+                        self.on_error(f"RT runtime grant {p}={wanted[p]} failed: {os.strerror(e.errno)}")
         return failed
 
     def release(self, paths) -> None:
@@ -80,7 +80,7 @@ class RtGrants:
                 self.fs.write(p, self.originals.pop(p))
             except OSError as e:
                 if e.errno not in GONE:
-                    self.on_error(p, f"rt runtime restore {p}: {os.strerror(e.errno)}", False)
+                    self.on_error(f"rt runtime restore {p}: {os.strerror(e.errno)}")
 
     def release_all(self) -> None:
         self.release(list(self.originals))

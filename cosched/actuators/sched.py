@@ -133,10 +133,15 @@ class SchedKnob:
         self.get = get or (lambda tid: get_attr(tid))
         self.set = set or (lambda tid, attr: set_attr(tid, attr))
 
+    @staticmethod
+    def key(tid: int, start_time: int) -> str:
+        """The journal key of one thread's original attributes."""
+        return f"{KIND}:{tid}:{start_time}"
+
     def record(self, tid: int, start_time: int) -> tuple[str, dict]:
         """The journal entry holding the thread's current attributes (read now)."""
-        return f"sched:{tid}:{start_time}", {"kind": KIND, "tid": tid, "start_time": start_time,
-                                             "attr": self.get(tid).to_json()}
+        return self.key(tid, start_time), {"kind": KIND, "tid": tid, "start_time": start_time,
+                                           "attr": self.get(tid).to_json()}
 
     def apply(self, tid: int, attr: SchedAttr) -> None:
         self.set(tid, attr)

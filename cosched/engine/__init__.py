@@ -18,8 +18,6 @@ everything, then the journal is replayed in full.
 """
 from __future__ import annotations
 
-from __future__ import annotations
-
 import copy
 import logging
 import os
@@ -27,7 +25,7 @@ import subprocess
 import sys
 import threading
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from cosched.actuators import journal as jr
@@ -183,7 +181,7 @@ class Engine:
             if d.uuid not in managed:
                 continue
             for v in d.vcpus:
-                if f"sched:{v.tid}:{v.start_time}" not in known:
+                if self.sched.key(v.tid, v.start_time) not in known:
                     try:
                         k, e = self.sched.record(v.tid, v.start_time)
                         entries[k] = e
@@ -191,14 +189,15 @@ class Engine:
                         log.warning("domain=%s vcpu=%d tid=%d action=sched-info-failed error=%r", d.name, v.index,
                                     v.tid, os.strerror(err.errno) if err.errno else str(err))
                 freeze = snap.host.freeze_file(v)
-                for knob, path in [(self.knobs["freeze"], freeze)] * bool(freeze) + [
-                        (self.knobs["rt"], path) for path in snap.host.rt_chain(v)]:
-                    if f"{knob.kind}:{path}" not in known:
+                files = ([(self.knobs["freeze"], freeze)] if freeze else []) + [
+                    (self.knobs["rt"], path) for path in snap.host.rt_chain(v)]
+                for knob, path in files:
+                    if knob.key(path) not in known:
                         got = knob.record(path)
                         if got:
                             entries[got[0]] = got[1]
             if d.uuid in pinned and self.pinner is not None and any(
-                    f"pin:{d.uuid}:{v.index}" not in known for v in d.vcpus):
+                    PinKnob.key(d.uuid, v.index) not in known for v in d.vcpus):
                 try:
                     entries.update(self.knobs["pin"].record(d.uuid, d.name))   # record() keeps originals already there
                 except (jr.Gone, OSError, ConnectionError) as err:
@@ -276,7 +275,7 @@ class Engine:
         if body != self._sent:
             self._seq += 1
             try:
-                self._proc.stdin.write(pr.encode(pr.Plan(self._seq, body.max_stall_ms, body.rt_top_us, body.cells)))
+                self._proc.stdin.write(pr.encode(replace(body, seq=self._seq)))
                 self._proc.stdin.flush()
             except (BrokenPipeError, OSError) as e:
                 log.error("action=switcher-write-failed error=%r", str(e))

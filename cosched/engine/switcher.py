@@ -105,7 +105,7 @@ class Switcher:
         self.cells: dict[str, CellState] = {}
         self.vstate: dict[tuple, VState] = {}
         self.vinfo: dict[tuple, tuple[str, pr.VcpuPlan]] = {}       # key -> (domain name, vCPU plan)
-        self.rt = RtGrants(fs, self._rt_error)
+        self.rt = RtGrants(fs, self._error)
         self.counters = Counters()
         self._reported: set[str] = set()
 
@@ -115,9 +115,6 @@ class Switcher:
             self._reported.add(message)
             self.counters.errors.append(message)
             log.warning("action=error %s", message)
-
-    def _rt_error(self, _path: str, message: str, _fatal: bool) -> None:
-        self._error(message)
 
     # -- per-vCPU actions -------------------------------------------------
     def _freeze(self, key, frozen: bool, now: int) -> None:
