@@ -110,8 +110,10 @@ class Guest:
         return out
 
     def wait_for(self, text: str, timeout: float = 60.0) -> None:
+        """Wait until ``text`` stands on a complete console line: a line the guest
+        is still writing does not count (its result counters may be cut short)."""
         deadline = time.monotonic() + timeout
-        while text not in self.console():
+        while text not in self.console().rpartition("\n")[0]:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{self.name}: {text!r} not on the console after {timeout}s:\n{self.console()[-2000:]}")
             time.sleep(0.2)
