@@ -25,7 +25,8 @@ re-reads it (see :meth:`cosched.daemon.Daemon.reload`); ``connect``,
     longest time a guest may be held frozen; the planner refuses slot tables
     that would exceed it and the switcher force-thaws if it ever would.
 ``switcher_priority`` (integer 2-99, default 50)
-    SCHED_FIFO priority of the switch loop; vCPU boosts stay below it.
+    SCHED_FIFO priority of the switch loop; gang-slot boosts stay below it
+    (watched boosts are SCHED_DEADLINE: above it, for at most a few ms).
 """
 from __future__ import annotations
 

@@ -102,11 +102,28 @@ def test_numa_cells_stay_on_one_node():
         assert len({h.node_of[cpu] for cpu in c.cpus}) == 1
 
 
-def test_boost_cells_never_freeze():
-    p = plan(snap(host(2), dom("a", kind="boost"), dom("b", kind="boost"), dom("c", kind="boost")), PlanConfig())
-    (cell,) = p.cells
-    assert cell.mode == "boost" and cell.max_stall_ms == 0
-    assert [m.slot_ms for m in cell.members] == [20, 20, 20]
+def test_boost_and_relaxed_guests_are_watched_alone_never_pinned_or_rotated():
+    p = plan(snap(host(4, rt=True), dom("a", kind="boost"), dom("b", kind="relaxed"), dom("c", kind="boost", boost_ms=5)),
+             PlanConfig(reserved_cpus=(0,)))
+    assert [(c.id, c.mode, c.kind, len(c.members)) for c in p.cells] == [
+        ("boost-a", "boost", "boost", 1), ("relaxed-b", "relaxed", "relaxed", 1), ("boost-c", "boost", "boost", 1)]
+    assert all(c.max_stall_ms == 0 and c.cpus == () for c in p.cells)
+    assert p.pins() == {("uuid-b", 0): 1, ("uuid-b", 1): 2}        # relaxed only: siblings apart, off reserved
+    assert [c.members[0].boost_ms for c in p.cells] == [2, 2, 5]
+    b = p.cells[1].members[0]
+    assert (b.costop_ms, b.costart_ms) == (3, 2) and all(v.freeze for v in b.vcpus)
+    assert p.max_boosted == 3 and p.mode_of("uuid-b") == "relaxed" and p.mode_of("nobody") is None
+    # relaxed co-stops by freezing, so it needs per-vCPU cgroups; boost does not
+    bare = lambda d: Domain(d.name, d.uuid, 1, tuple(Vcpu(v.index, v.tid) for v in d.vcpus), d.policy)
+    p = plan(snap(host(2), bare(dom("r", kind="relaxed")), bare(dom("s", kind="boost"))), PlanConfig())
+    assert "per-vCPU cgroups" in p.rejected["uuid-r"] and p.mode_of("uuid-s") == "boost"
+
+
+def test_relaxed_thresholds_must_leave_a_gap():
+    import pytest
+    from cosched.policy.params import ParamError
+    with pytest.raises(ParamError, match="costart-ms"):
+        dom("a", kind="relaxed", costop_ms=3, costart_ms=3)
 
 
 def test_priority_stays_below_the_switcher():
@@ -140,13 +157,14 @@ def test_vcpus_without_their_own_cgroup_are_not_frozen():
 
 @settings(max_examples=150, deadline=None)
 @given(cpus=st.sampled_from([2, 4, 8, 16, 64, 256]), smt=st.sampled_from([1, 2]),
-       guests=st.lists(st.tuples(st.sampled_from(["gang", "partial", "boost"]), st.integers(1, 8),
+       guests=st.lists(st.tuples(st.sampled_from(["gang", "partial", "boost", "relaxed"]), st.integers(1, 8),
                                  st.integers(1, 200), st.integers(1, 4)), max_size=40),
        max_stall=st.integers(10, 2000), reserved=st.integers(0, 3))
 def test_plan_invariants(cpus, smt, guests, max_stall, reserved):
     h = host(cpus, smt=smt if cpus >= 2 else 1)
-    ds = [dom(f"g{i}", kind=k, vcpus=v, **({"quantum_ms": q} if k != "boost" else {"window_ms": q}), weight=w)
-          for i, (k, v, q, w) in enumerate(guests)]
+    params = {"gang": lambda q, w: {"quantum_ms": q, "weight": w}, "partial": lambda q, w: {"quantum_ms": q, "weight": w},
+              "boost": lambda q, w: {"boost_ms": min(q, 100)}, "relaxed": lambda q, w: {"costop_ms": min(q, 99) + 1, "costart_ms": min(q, 99)}}
+    ds = [dom(f"g{i}", kind=k, vcpus=v, **params[k](q, w)) for i, (k, v, q, w) in enumerate(guests)]
     cfg = PlanConfig(reserved_cpus=tuple(range(reserved)), max_stall_ms=max_stall)
     p = plan(snap(h, *ds), cfg)
     placed = [m.uuid for c in p.cells for m in c.members]
@@ -155,12 +173,15 @@ def test_plan_invariants(cpus, smt, guests, max_stall, reserved):
     for c in p.cells:
         assert c.max_stall_ms <= max_stall                       # never frozen past max-stall
         assert not set(c.cpus) & set(cfg.reserved_cpus)
-        for m in c.members:
+        for m in c.members if c.mode in (FREEZE, "relaxed") else ():
             assert len({v.cpu for v in m.vcpus}) == len(m.vcpus)   # siblings on distinct CPUs
-            assert {v.cpu for v in m.vcpus} <= set(c.cpus)
-    for kind in ("partial", "boost"):
-        cells = [c for c in p.cells if c.id.startswith(kind)]
-        cpus_used = [cpu for c in cells for cpu in c.cpus]
-        assert len(cpus_used) == len(set(cpus_used))             # cells of a kind are disjoint
-        boosted = sum(len(c.members[0].vcpus) for c in cells)
-        assert boosted <= max(cpus - reserved, 0)                        # never more boosted vCPUs than CPUs
+            assert c.mode == "relaxed" or {v.cpu for v in m.vcpus} <= set(c.cpus)
+    cells = [c for c in p.cells if c.kind == "partial"]
+    cpus_used = [cpu for c in cells for cpu in c.cpus]
+    assert len(cpus_used) == len(set(cpus_used))                 # partial cells are disjoint
+    assert p.max_boosted == max(cpus - reserved, 0)                     # never more watched boosts than pool CPUs
+    assert all(len(c.members) == 1 and c.cpus == () for c in p.cells if c.mode != FREEZE)
+    relaxed = [v.cpu for c in p.cells if c.mode == "relaxed" for v in c.members[0].vcpus]
+    if relaxed:                                                  # balance: CPUs evenly loaded
+        load = [relaxed.count(cpu) for cpu in range(reserved, cpus)]
+        assert max(load) - min(load) <= 1 and not set(relaxed) & set(cfg.reserved_cpus)

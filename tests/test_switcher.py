@@ -1,11 +1,12 @@
 """The switch loop against fake cgroup trees and a fake scheduling knob."""
 import errno
+from dataclasses import replace
 
 from fakehost import FakeSched
 
 from cosched.actuators.sched import SchedAttr
 from cosched.engine import protocol as pr
-from cosched.engine.switcher import Switcher
+from cosched.engine.switcher import WATCH_POLL_NS as POLL, Switcher
 from cosched.hostfs import HostFS
 
 CG2 = "/sys/fs/cgroup/unified"
@@ -87,7 +88,7 @@ def test_rotation_one_guest_thawed_at_a_time(tmp_path):
     assert stats.switches == {"gang": 9}
     assert len(stats.latency_ns) == 9 and stats.forced_thaws == 0
     # each guest was frozen 100 ms per 150 ms cycle
-    assert pr.Costop("a", 0, 3 * 100 * MS) in stats.costop   # thawed again at 150, 300 and 450 ms
+    assert pr.Tally("a", 0, costop_ns=3 * 100 * MS) in stats.tallies   # thawed again at 150, 300 and 450 ms
 
 
 def test_freeze_completes_before_thaw(tmp_path):
@@ -194,7 +195,7 @@ def test_rt_runtime_granted_statically_and_restored(tmp_path):
 
 def test_protocol_round_trips_every_message():
     plan = gang(member("a", prio=3, rt=True, rt_us=5, original=SchedAttr("batch", nice=2)), member("b"))
-    stats = pr.Stats(switches={"gang": 2}, latency_ns=(1, 2), costop=(pr.Costop("a", 1, 7),), errors=("x",),
+    stats = pr.Stats(switches={"gang": 2}, latency_ns=(1, 2), tallies=(pr.Tally("a", 1, 7, 1, 2),), errors=("x",),
                      active={"gang": "a"}, released=True)
     for msg in (plan, pr.Stop(), pr.Ready(True), pr.Applied(4), stats):
         line = pr.encode(msg)
@@ -208,3 +209,101 @@ def test_protocol_names_a_bad_message():
         pr.decode('{"type": "plan", "seq": 1}')
     with pytest.raises(ValueError, match="bad message"):
         pr.decode('{"type": "launch"}')
+
+
+# -- watched guests: boost (BCS) and relaxed ------------------------------
+class Procs:
+    """/proc/TID/stat and schedstat of fake vCPU threads, rewritten between polls."""
+
+    def __init__(self, fs, tids):
+        self.fs = fs
+        self.state = {tid: ["R", 0, 0, 1] for tid in tids}     # state, cpu, run ns, switch-ins
+        for tid in tids:
+            fs.path(f"/proc/{tid}").mkdir(parents=True)
+            self.write(tid)
+
+    def write(self, tid):
+        state, cpu, run, picks = self.state[tid]
+        rest = [state] + ["0"] * 18 + [str(1000 + tid)] + ["0"] * 16 + [str(cpu), "0", "0"] + ["0"] * 11
+        self.fs.write(f"/proc/{tid}/stat", f"{tid} (CPU 0/TCG) " + " ".join(rest) + "\n")
+        self.fs.write(f"/proc/{tid}/schedstat", f"{run} 0 {picks}\n")
+
+    def runs(self, tid, ns=MS):
+        self.state[tid][2] += ns
+        self.write(tid)
+
+    def picked(self, tid):
+        self.state[tid][3] += 1
+        self.write(tid)
+
+
+def watched(mode, *members, max_boosted=2):
+    return pr.Plan(1, 500, None, tuple(pr.CellPlan(f"{mode}-{m.name}", mode, (m,)) for m in members),
+                   max_boosted=max_boosted)
+
+
+def test_bcs_boosts_with_sched_deadline_and_returns_to_the_recorded_attributes(tmp_path):
+    from cosched.engine.switcher import boost_attr
+    fs, clock, sched = tree(tmp_path), Clock(), FakeSched()
+    procs = Procs(fs, (100, 101))
+    batch = SchedAttr("batch", nice=3)
+    sw = Switcher(fs, 500 * MS, sched=sched.knob(fs), clock=clock)
+    a = replace(member("a", original=batch), boost_ms=2)
+    sw.apply(watched("boost", a))
+    assert sw.tick() == POLL and sched.calls == []     # the first poll is due at once, and only looks
+    for _ in range(2):
+        clock.now += POLL
+        procs.runs(100)                                # vCPU 0 runs, vCPU 1 stays queued
+        sw.tick()
+    assert sched.attrs[101] == boost_attr(2) and boost_attr(2).policy == "deadline"
+    clock.now += POLL
+    procs.picked(101)                                  # it got a CPU: back to exactly what it had
+    sw.tick()
+    assert sched.attrs[101] == batch
+    assert pr.Tally("a", 1, boosts=1) in sw.take_stats().tallies
+    assert all(fs.read(f"{CG2}/machine/a/vcpu{i}/cgroup.freeze") == "0" for i in range(2))   # boost never freezes
+
+
+def test_bcs_falls_back_to_fifo_and_reports_when_no_boost_is_allowed(tmp_path):
+    fs, clock = tree(tmp_path), Clock()
+    procs = Procs(fs, (100, 101))
+    pinned = FakeSched(fail={"deadline": errno.EPERM})
+    sw = Switcher(fs, 500 * MS, sched=pinned.knob(fs), clock=clock)
+    sw.apply(watched("boost", replace(member("a"), boost_ms=2)))
+    sw.tick()
+    clock.now += POLL
+    procs.runs(100)
+    sw.tick()
+    assert pinned.attrs[101] == SchedAttr("fifo", priority=1)
+    neither = FakeSched(fail={"deadline": errno.EPERM, "fifo": errno.EPERM})
+    sw = Switcher(fs, 500 * MS, sched=neither.knob(fs), clock=clock)
+    sw.apply(watched("boost", replace(member("a"), boost_ms=2)))
+    sw.tick()
+    clock.now += POLL
+    procs.runs(100)
+    sw.tick()
+    stats = sw.take_stats()
+    assert stats.boost_failed["boost-a"].startswith("boost impossible for domain a")
+    assert neither.calls == [] and stats.tallies == ()
+
+
+def test_relaxed_freezes_only_the_leader_and_release_thaws_it(tmp_path):
+    fs, clock, sched = tree(tmp_path), Clock(), FakeSched()
+    procs = Procs(fs, (100, 101))
+    sw = Switcher(fs, 500 * MS, sched=sched.knob(fs), clock=clock)
+    sw.apply(watched("relaxed", replace(member("a"), costop_ms=3, costart_ms=2)))
+    sw.tick()
+    frozen_at = None
+    for _ in range(4 * MS // POLL):                    # vCPU 0 runs 4 ms ahead of vCPU 1
+        clock.now += POLL
+        procs.runs(100)
+        sw.tick()
+        if frozen_at is None and fs.read(f"{CG2}/machine/a/vcpu0/cgroup.freeze") == "1":
+            frozen_at = clock.now
+    assert frozen_at == 3 * MS + POLL                  # the first poll with a lead over costop-ms
+    assert fs.read(f"{CG2}/machine/a/vcpu0/cgroup.freeze") == "1"
+    assert fs.read(f"{CG2}/machine/a/vcpu1/cgroup.freeze") == "0"
+    clock.now += 10 * MS
+    sw.release_all()
+    assert fs.read(f"{CG2}/machine/a/vcpu0/cgroup.freeze") == "0"
+    assert pr.Tally("a", 0, costop_ns=clock.now - frozen_at, costops=1) in sw.take_stats().tallies

@@ -11,7 +11,7 @@ daemon's discovery thread calls :meth:`Engine.reconcile`:
 4. hand the cells to the switcher process, which runs the slot tables.
 
 The switcher reports switches, switch latency, slot lateness, costop time,
-forced thaws and errors; they become metrics and status. If the switcher dies,
+co-stops and boosts per vCPU, forced thaws and errors; they become metrics and status. If the switcher dies,
 the engine restores what it may have left (thread policies, cgroup files),
 and starts a new one at the next reconcile. On shutdown the switcher releases
 everything, then the journal is replayed in full.
@@ -53,6 +53,8 @@ class EngineStats:
     latency: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
     lateness: Histogram = field(default_factory=lambda: Histogram(LATENESS_BUCKETS))
     costop: dict[tuple[str, int], float] = field(default_factory=dict)   # (uuid, vcpu) -> seconds
+    costops: dict[tuple[str, int], int] = field(default_factory=dict)    # (uuid, vcpu) -> co-stops
+    boosts: dict[tuple[str, int], int] = field(default_factory=dict)     # (uuid, vcpu) -> boosts
     forced_thaws: int = 0
     errors: deque = field(default_factory=lambda: deque(maxlen=50))
     active: dict[str, str] = field(default_factory=dict)
@@ -259,11 +261,13 @@ class Engine:
             vcpus = tuple(pr.VcpuPlan(v.index, v.tid, v.freeze, tuple(v.rt_chain), originals.get(v.tid, SchedAttr()))
                           for v in m.vcpus)
             # never boost a thread whose original is not on record: it could not be put back
-            priority = m.priority if all(v.tid in originals for v in m.vcpus) else 0
-            return pr.MemberPlan(m.uuid, m.name, m.slot_ms, priority, vcpus, m.rt_vcpu_us)
+            recorded = all(v.tid in originals for v in m.vcpus)
+            return pr.MemberPlan(m.uuid, m.name, m.slot_ms, m.priority if recorded else 0, vcpus, m.rt_vcpu_us,
+                                 m.boost_ms if recorded else 0, m.costop_ms, m.costart_ms)
 
         return pr.Plan(seq=0, max_stall_ms=self.max_stall_ms, rt_top_us=self._rt_top,
-                       cells=tuple(pr.CellPlan(c.id, c.mode, tuple(member(m) for m in c.members)) for c in p.cells))
+                       cells=tuple(pr.CellPlan(c.id, c.mode, tuple(member(m) for m in c.members)) for c in p.cells),
+                       max_boosted=p.max_boosted)
 
     def _send(self, p: Plan, timeout: float = 3.0) -> bool:
         """Hand the plan to the switcher; True once it confirms the plan is in force."""
@@ -329,8 +333,11 @@ class Engine:
                 s.latency.observe(ns / 1e9)
             for ns in msg.lateness_ns:
                 s.lateness.observe(ns / 1e9)
-            for c in msg.costop:
-                s.costop[(c.uuid, c.vcpu)] = c.ns / 1e9
+            for t in msg.tallies:        # deltas: a restarted switcher does not reset the counters
+                key = (t.uuid, t.vcpu)
+                s.costop[key] = s.costop.get(key, 0.0) + t.costop_ns / 1e9
+                s.costops[key] = s.costops.get(key, 0) + t.costops
+                s.boosts[key] = s.boosts.get(key, 0) + t.boosts
             s.forced_thaws += msg.forced_thaws
             s.errors.extend(msg.errors)
             s.active = dict(msg.active)

@@ -4,7 +4,7 @@ One JSON object per line, each with a ``type``; every message is a frozen
 dataclass here and only :func:`encode` and :func:`decode` touch JSON, so both
 ends agree by construction. Daemon to switcher: :class:`Plan`, :class:`Stop`.
 Switcher to daemon: :class:`Ready` (it runs, realtime or not),
-:class:`Applied` (a plan is in force), :class:`Stats` (every 0.25 s, and a
+:class:`Applied` (a plan is in force), :class:`Stats` (every 0.1 s, and a
 last one with ``released`` set when it has given everything back).
 """
 from __future__ import annotations
@@ -32,12 +32,15 @@ class MemberPlan:
     priority: int                           # SCHED_FIFO priority of its boost, 0: none
     vcpus: tuple[VcpuPlan, ...]
     rt_vcpu_us: int | None = None           # RT runtime per vCPU group (RT group scheduling)
+    boost_ms: int = 0                       # watched guests (boost, relaxed): longest boost, 0: none
+    costop_ms: int = 0                      # relaxed: co-stop above this lead, co-start below costart_ms
+    costart_ms: int = 0
 
 
 @dataclass(frozen=True)
 class CellPlan:
     id: str
-    mode: str                               # "freeze" or "boost"
+    mode: str                               # "freeze" (turns), "boost" or "relaxed" (watched)
     members: tuple[MemberPlan, ...]
 
 
@@ -47,6 +50,7 @@ class Plan:
     max_stall_ms: int
     rt_top_us: int | None
     cells: tuple[CellPlan, ...]
+    max_boosted: int = 0                    # watched vCPUs boosted at once, at most
     type: str = "plan"
 
 
@@ -68,10 +72,14 @@ class Applied:
 
 
 @dataclass(frozen=True)
-class Costop:
+class Tally:
+    """One vCPU's cumulative counts since the switcher started."""
+
     uuid: str
     vcpu: int
-    ns: int                                 # total frozen time so far
+    costop_ns: int = 0                      # time held frozen
+    costops: int = 0                        # co-stops of this vCPU alone (relaxed)
+    boosts: int = 0                         # boosts (boost, relaxed)
 
 
 @dataclass(frozen=True)
@@ -79,7 +87,7 @@ class Stats:
     switches: dict[str, int] = field(default_factory=dict)      # cell -> slot changes since the last Stats
     latency_ns: tuple[int, ...] = ()
     lateness_ns: tuple[int, ...] = ()
-    costop: tuple[Costop, ...] = ()
+    tallies: tuple[Tally, ...] = ()
     forced_thaws: int = 0
     errors: tuple[str, ...] = ()
     active: dict[str, str] = field(default_factory=dict)        # cell -> uuid of the member in its slot
@@ -90,7 +98,7 @@ class Stats:
 
 MESSAGES = {cls.type: cls for cls in (Plan, Stop, Ready, Applied, Stats)}
 _NESTED = {(Plan, "cells"): CellPlan, (CellPlan, "members"): MemberPlan, (MemberPlan, "vcpus"): VcpuPlan,
-           (Stats, "costop"): Costop}
+           (Stats, "tallies"): Tally}
 
 
 def encode(msg) -> str:

@@ -1,4 +1,5 @@
-"""The switch loop: turns each cell's slot table into freeze/thaw and boosts, on time.
+"""The switch loop: turns each cell's slot table into freeze/thaw and boosts, on
+time, and watches ``boost`` and ``relaxed`` guests.
 
 It runs as its own process (``python -m cosched.engine.switcher``), started
 and fed by the daemon, for two reasons measured on real hosts: a Python thread
@@ -11,7 +12,8 @@ at a slot boundary.
 Protocol (:mod:`cosched.engine.protocol`): the daemon writes a ``Plan`` or
 ``Stop`` per line on stdin; the switcher answers ``Ready`` once it runs
 (realtime, if it may), ``Applied`` once a plan is in force, and ``Stats``
-every 0.25 s. When stdin closes (the daemon died),
+every 0.1 s (co-stop time included up to that moment, so that ``auto``
+does not mistake uncredited co-stop for idleness). When stdin closes (the daemon died),
 on ``stop``, SIGTERM or SIGINT, it thaws every vCPU it froze, returns every
 thread it boosted to the attributes the journal recorded for it, takes back every RT runtime grant,
 and exits.
@@ -22,6 +24,12 @@ never run at once), thaw B's; then return A to its normal policy and boost B.
 The switch latency is measured from the first freeze write to the last thaw
 write. A guest frozen longer than ``max_stall_ms`` (the switcher was late, or
 a plan was inconsistent) is force-thawed and counted.
+
+Watched guests (``boost``, ``relaxed``) are polled every ``WATCH_POLL_NS`` (0.5 ms):
+each vCPU thread's state and host CPU (``/proc/TID/stat``) and run time and
+switch-ins (``/proc/TID/schedstat``), read through descriptors kept open;
+the rules of :mod:`cosched.policy.watch` say whom to boost, co-stop or
+co-start. A watched boost is SCHED_DEADLINE (see :func:`boost_attr`).
 """
 from __future__ import annotations
 
@@ -41,9 +49,38 @@ from cosched.actuators.sched import SchedAttr, SchedKnob
 from cosched import logs
 from cosched.engine import protocol as pr
 from cosched.hostfs import HostFS
+from cosched.kernel import stat_runnable_cpu
+from cosched.policy.plan import WATCHED
+from cosched.policy.watch import Bcs, Relaxed, Seen
 
 log = logging.getLogger("cosched.switcher")
-STATS_EVERY_NS = 250_000_000
+STATS_EVERY_NS = 100_000_000
+WATCH_POLL_NS = 500_000      # 1 ms co-ran siblings measurably less often (barrier guests, 2-CPU host)
+BOOST_MARGIN_NS = 2_000_000
+
+
+def boost_attr(boost_ms: float) -> SchedAttr:
+    """The attributes of a watched boost: SCHED_DEADLINE, not SCHED_FIFO.
+
+    Measured on a kernel with RT group scheduling: SCHED_FIFO on a vCPU
+    thread fails with EPERM unless RT runtime is granted along its cgroup
+    path, and a FIFO thread that overruns such a grant is throttled until
+    the group's period ends (up to a second without the CPU). The RT group
+    check does not cover SCHED_DEADLINE, and a deadline thread's bandwidth is
+    capped by the kernel itself: ``runtime`` per ``period``, here the boost
+    plus a margin for the poll, per ten times that. However many vCPUs are
+    boosted, each holds at most a tenth of a CPU, and the host's own tasks
+    keep the rest even if cosched stops answering. Two boosted threads
+    queued on one CPU make the kernel push one to another CPU (deadline
+    push), which is how ``boost`` co-starts siblings CFS stacked together.
+    A deadline thread's affinity must span its root domain: a vCPU pinned
+    to a subset of CPUs is boosted with SCHED_FIFO instead, where allowed.
+    """
+    runtime = int(boost_ms * 1_000_000) + BOOST_MARGIN_NS
+    return SchedAttr("deadline", runtime_ns=runtime, deadline_ns=10 * runtime, period_ns=10 * runtime)
+
+
+FALLBACK_BOOST = SchedAttr("fifo", priority=1)
 
 
 @dataclass
@@ -52,7 +89,22 @@ class VState:
 
     frozen: bool = False
     frozen_since: int = 0
+    credited: int = 0            # co-stop time counted up to here
     boosted: bool = False
+
+
+@dataclass
+class Watched:
+    """One watched guest: its rules, and descriptors of its vCPU threads."""
+
+    cell: str
+    plan: pr.MemberPlan
+    rules: object                            # policy.watch.Bcs or Relaxed
+    fds: list[tuple[int, int] | None]        # (stat, schedstat) per vCPU
+    boost_failed: str | None = None
+
+    def keys(self) -> list[tuple]:
+        return [(self.plan.uuid, v.index, v.tid, v.freeze) for v in self.plan.vcpus]
 
 
 @dataclass
@@ -83,7 +135,9 @@ class Counters:
     switches: dict[str, int] = field(default_factory=dict)
     latency_ns: list[int] = field(default_factory=list)
     lateness_ns: list[int] = field(default_factory=list)
-    costop_ns: dict[tuple[str, int], int] = field(default_factory=dict)     # (uuid, vcpu) -> total
+    costop_ns: dict[tuple[str, int], int] = field(default_factory=dict)     # (uuid, vcpu) -> ns
+    costops: dict[tuple[str, int], int] = field(default_factory=dict)
+    boosts: dict[tuple[str, int], int] = field(default_factory=dict)
     forced_thaws: int = 0
     errors: list[str] = field(default_factory=list)
 
@@ -108,6 +162,9 @@ class Switcher:
         self.rt = RtGrants(fs, self._error)
         self.counters = Counters()
         self._reported: set[str] = set()
+        self.watched: dict[str, Watched] = {}      # uuid -> watch
+        self.max_boosted = 0
+        self.next_poll: int | None = None
 
     # -- errors never stop the loop --------------------------------------
     def _error(self, message: str) -> None:
@@ -129,10 +186,10 @@ class Switcher:
                 self._error(f"domain={name} vcpu={v.index} freeze={frozen}: {os.strerror(e.errno)}")
             return
         if frozen:
-            st.frozen, st.frozen_since = True, now
+            st.frozen, st.frozen_since, st.credited = True, now, now
         else:
             c = self.counters.costop_ns
-            c[key[:2]] = c.get(key[:2], 0) + max(now - st.frozen_since, 0)
+            c[key[:2]] = c.get(key[:2], 0) + max(now - st.credited, 0)
             st.frozen = False
 
     def _grant(self, cells: dict[str, CellState]) -> None:
@@ -202,6 +259,98 @@ class Switcher:
             self.vstate.pop(k, None)
             self.vinfo.pop(k, None)
 
+    # -- watched guests (boost, relaxed) ----------------------------------
+    def _watch(self, cell: pr.CellPlan, m: pr.MemberPlan) -> Watched:
+        n = len(m.vcpus)
+        if cell.mode == "relaxed":
+            rules = Relaxed(n, int(m.costop_ms * 1e6), int(m.costart_ms * 1e6), int(m.boost_ms * 1e6))
+        else:
+            rules = Bcs(n, int(m.boost_ms * 1e6))
+        fds = []
+        for v in m.vcpus:
+            try:
+                fds.append((self.fs.open_fd(f"/proc/{v.tid}/stat"), self.fs.open_fd(f"/proc/{v.tid}/schedstat")))
+            except OSError:
+                fds.append(None)                       # gone: discovery will notice
+        log.info("domain=%s action=watch mode=%s", m.name, cell.mode)
+        return Watched(cell.id, m, rules, fds)
+
+    def _unwatch(self, w: Watched, now: int) -> None:
+        """Stop watching: thaw and unboost its vCPUs, close its descriptors."""
+        for k in w.keys():
+            if k in self.vinfo:
+                self._freeze(k, False, now)
+                self._unboost(k)
+        for pair in w.fds:
+            for fd in pair or ():
+                os.close(fd)
+        w.fds = []
+
+    @staticmethod
+    def _see(pair: tuple[int, int] | None) -> Seen | None:
+        if pair is None:
+            return None
+        try:
+            runnable, cpu = stat_runnable_cpu(os.pread(pair[0], 1024, 0))
+            run, _, picks = os.pread(pair[1], 128, 0).split()[:3]
+            return Seen(runnable, cpu, int(run), int(picks))
+        except (OSError, ValueError):
+            return None
+
+    def _boost_watched(self, w: Watched, i: int) -> bool:
+        key = w.keys()[i]
+        st = self.vstate.setdefault(key, VState())
+        if st.boosted:
+            return True
+        tid = w.plan.vcpus[i].tid
+        try:
+            try:
+                self.sched.apply(tid, boost_attr(w.plan.boost_ms))
+            except OSError as e:
+                if e.errno in GONE:
+                    raise
+                self.sched.apply(tid, FALLBACK_BOOST)     # e.g. pinned to a subset: no SCHED_DEADLINE
+        except OSError as e:
+            if e.errno not in GONE:
+                w.boost_failed = (f"boost impossible for domain {w.plan.name}: {os.strerror(e.errno)} for "
+                                  f"SCHED_DEADLINE and SCHED_FIFO; {w.cell} runs without boosts")
+                self._error(w.boost_failed)
+            return False
+        st.boosted = True
+        c = self.counters.boosts
+        c[key[:2]] = c.get(key[:2], 0) + 1
+        return True
+
+    def poll(self, now: int) -> None:
+        """One look at every watched vCPU, and the rules' answer carried out."""
+        keys = {k for w in self.watched.values() for k in w.keys()}
+        room = self.max_boosted - sum(1 for k in keys if self.vstate.get(k, VState()).boosted)
+        for w in self.watched.values():
+            seen = [self._see(pair) for pair in w.fds]
+            if not seen or any(s is None for s in seen):
+                continue
+            keys = w.keys()
+            rules = w.rules
+            if isinstance(rules, Relaxed):      # a forced thaw ends a co-stop too
+                for v, k in zip(rules.vcpus, keys):
+                    v.frozen = self.vstate.get(k, VState()).frozen
+            acts = rules.step(now, seen, 0 if w.boost_failed else max(room, 0))
+            for i in acts.unboost:
+                self._unboost(keys[i])
+                room += 1
+            for i in acts.thaw:
+                self._freeze(keys[i], False, now)
+            for i in acts.freeze:
+                self._freeze(keys[i], True, now)
+                if self.vstate[keys[i]].frozen:
+                    c = self.counters.costops
+                    c[keys[i][:2]] = c.get(keys[i][:2], 0) + 1
+            for i in acts.boost:
+                if self._boost_watched(w, i):
+                    room -= 1
+                else:
+                    rules.cancel(i)
+
     # -- plans ----------------------------------------------------------
     def apply(self, msg: pr.Plan) -> None:
         """Adopt a new plan, keeping each cell's rotation where it can."""
@@ -210,7 +359,20 @@ class Switcher:
         self.rt_top_us = msg.rt_top_us
         old = self.cells
         cells: dict[str, CellState] = {}
+        watched: dict[str, Watched] = {}
         for c in msg.cells:
+            if c.mode in WATCHED:
+                for m in c.members:
+                    prev = self.watched.pop(m.uuid, None)
+                    if prev is not None and (prev.plan, prev.cell) == (m, c.id):
+                        watched[m.uuid] = prev
+                        continue
+                    if prev is not None:
+                        self._unwatch(prev, now)
+                    watched[m.uuid] = self._watch(c, m)
+                    for v, k in zip(m.vcpus, watched[m.uuid].keys()):
+                        self.vinfo[k] = (m.name, v)
+                continue
             members = [MemberState(m) for m in c.members]
             cell = CellState(c.id, c.mode, members)
             prev = old.get(c.id)
@@ -224,9 +386,13 @@ class Switcher:
             for m in members:
                 for v, k in zip(m.plan.vcpus, m.keys()):
                     self.vinfo[k] = (m.plan.name, v)
+        for w in self.watched.values():
+            self._unwatch(w, now)
         wanted = {k for c in cells.values() for m in c.members for k in m.keys()}
+        wanted |= {k for w in watched.values() for k in w.keys()}
         self._release([k for k in self.vinfo if k not in wanted], now)
-        self.cells = cells
+        self.cells, self.watched, self.max_boosted = cells, watched, msg.max_boosted
+        self.next_poll = (self.next_poll or now) if watched else None
         for cell in cells.values():              # boosts that must go, before their runtime does
             for m in cell.members:
                 if not m.plan.priority or cell.boost_failed:
@@ -234,7 +400,8 @@ class Switcher:
         self._grant(cells)
         for cell in cells.values():
             self._enter(cell, now, "fresh" if cell.deadline is None else "reapply")
-        log.info("action=plan cells=%s", ",".join(f"{c.id}:{len(c.members)}" for c in cells.values()) or "-")
+        log.info("action=plan cells=%s watched=%s", ",".join(f"{c.id}:{len(c.members)}" for c in cells.values()) or "-",
+                 ",".join(w.cell for w in watched.values()) or "-")
 
     def _enter(self, cell: CellState, now: int, how: str) -> None:
         """Make the cell's actual state match its active member.
@@ -298,24 +465,42 @@ class Switcher:
                 self.counters.forced_thaws += 1
                 self._error(f"domain={self.vinfo[key][0]} vcpu={key[1]} frozen over max_stall: force-thawed")
                 self._freeze(key, False, now)
-        deadlines = [c.deadline for c in self.cells.values() if c.deadline is not None]
+        if self.next_poll is not None and now >= self.next_poll:
+            self.poll(now)
+            self.next_poll += WATCH_POLL_NS
+            if now - self.next_poll > 10 * WATCH_POLL_NS:
+                self.next_poll = now + WATCH_POLL_NS       # hopelessly late: no burst of catch-up polls
+        deadlines = [c.deadline for c in self.cells.values() if c.deadline is not None] + (
+            [self.next_poll] if self.next_poll is not None else [])
         return min(deadlines) if deadlines else None
 
     def release_all(self) -> None:
-        self._release(list(self.vinfo), self.clock())
+        now = self.clock()
+        for w in self.watched.values():
+            self._unwatch(w, now)
+        self._release(list(self.vinfo), now)
         self.rt.release_all()
-        self.cells = {}
+        self.cells, self.watched, self.next_poll = {}, {}, None
 
     def take_stats(self, released: bool = False) -> pr.Stats:
-        """The counters since the last call (costop totals are cumulative)."""
-        c, self.counters = self.counters, Counters(costop_ns=self.counters.costop_ns)
+        """The counters since the last call; vCPUs frozen now are credited up to now."""
+        now = self.clock()
+        for key, st in self.vstate.items():
+            if st.frozen:
+                c = self.counters.costop_ns
+                c[key[:2]] = c.get(key[:2], 0) + max(now - st.credited, 0)
+                st.credited = now
+        c, self.counters = self.counters, Counters()
+        vcpus = sorted(set(c.costop_ns) | set(c.costops) | set(c.boosts))
+        failed = {cell.id: cell.boost_failed for cell in self.cells.values() if cell.boost_failed}
+        failed.update({w.cell: w.boost_failed for w in self.watched.values() if w.boost_failed})
         return pr.Stats(
             switches=c.switches, latency_ns=tuple(c.latency_ns), lateness_ns=tuple(c.lateness_ns),
-            costop=tuple(pr.Costop(uuid, vcpu, ns) for (uuid, vcpu), ns in sorted(c.costop_ns.items())),
+            tallies=tuple(pr.Tally(uuid, vcpu, c.costop_ns.get((uuid, vcpu), 0), c.costops.get((uuid, vcpu), 0),
+                                   c.boosts.get((uuid, vcpu), 0)) for uuid, vcpu in vcpus),
             forced_thaws=c.forced_thaws, errors=tuple(c.errors),
             active={cell.id: cell.members[cell.active].uuid for cell in self.cells.values() if cell.members},
-            boost_failed={cell.id: cell.boost_failed for cell in self.cells.values() if cell.boost_failed},
-            released=released)
+            boost_failed=failed, released=released)
 
 
 def serve(sw: Switcher, rfd: int, write: Callable[[str], None], realtime: bool,
@@ -375,7 +560,7 @@ def serve(sw: Switcher, rfd: int, write: Callable[[str], None], realtime: bool,
 
 def _without_boosts(msg: pr.Plan) -> pr.Plan:
     from dataclasses import replace
-    return replace(msg, cells=tuple(replace(c, members=tuple(replace(m, priority=0) for m in c.members))
+    return replace(msg, cells=tuple(replace(c, members=tuple(replace(m, priority=0, boost_ms=0) for m in c.members))
                                     for c in msg.cells))
 
 

@@ -19,9 +19,24 @@ Kinds and their parameters:
     Co-scheduling only among guests that share host CPUs (cells); the same
     parameters as ``gang``.
 ``boost``
-    No freezing: the guest's vCPUs are raised to SCHED_FIFO together for
-    ``window-ms`` (1-1000, default 20) in rotation; ``priority`` and
-    ``weight`` as above.
+    Boost co-scheduling (BCS, see :mod:`cosched.policy.watch`): no freezing,
+    no rotation. When a vCPU runs while a sibling waits for a CPU, the
+    sibling is raised above ordinary tasks until it has run, for at most
+    ``boost-ms`` (1-100, default 2). ``window-ms``, ``priority`` and
+    ``weight`` belonged to an earlier, rotating ``boost``; they are still
+    accepted (so existing annotations stay valid) and have no effect.
+``relaxed``
+    Relaxed co-scheduling (see :mod:`cosched.policy.watch`): a vCPU that
+    gets more than ``costop-ms`` (1-100, default 3) ahead of its slowest
+    runnable sibling is co-stopped until it is back within ``costart-ms``
+    (0-100, default 2, below ``costop-ms``). With ``boost`` (default true)
+    the waiting laggard is boosted meanwhile, for at most ``boost-ms``.
+``auto``
+    Chooses one of the modes above per guest from what the sampler measures
+    (see :mod:`cosched.policy.auto`), each with its default parameters.
+    ``allow`` (default all of ``none,boost,relaxed,gang,partial``) bounds
+    the choice; ``dwell-s`` (1-3600, default 5) is the least time between
+    two changes of one guest's mode.
 """
 from __future__ import annotations
 
@@ -44,9 +59,19 @@ class Param:
     min: int | None = None
     max: int | None = None
     doc: str = ""
+    choices: tuple[str, ...] = ()        # for a list parameter: what it may name
 
     def coerce(self, value: object) -> object:
         """Check a value from TOML (typed) or XML (a string); return it typed."""
+        if self.type is tuple:
+            items = value.split(",") if isinstance(value, str) else value
+            if not isinstance(items, (list, tuple)) or not all(isinstance(i, str) for i in items):
+                raise ParamError(self.name, f"expected a comma-separated list, got {value!r}")
+            names = tuple(dict.fromkeys(i.strip() for i in items))
+            bad = [n for n in names if n not in self.choices]
+            if bad or not names:
+                raise ParamError(self.name, f"{bad[0] if bad else 'nothing'!r} is not one of {', '.join(self.choices)}")
+            return names
         if self.type is bool:
             if isinstance(value, bool):
                 return value
@@ -72,12 +97,22 @@ WINDOW = Param("window-ms", int, 20, 1, 1000, "boost window in milliseconds")
 BOOST = Param("boost", bool, True, doc="SCHED_FIFO during the guest's slot")
 PRIORITY = Param("priority", int, 1, 1, 99, "SCHED_FIFO priority")
 WEIGHT = Param("weight", int, 1, 1, 100, "share of slots relative to other guests")
+BOOST_MS = Param("boost-ms", int, 2, 1, 100, "longest boost of one vCPU in milliseconds")
+COSTOP = Param("costop-ms", int, 3, 1, 100, "lead over the slowest sibling that co-stops a vCPU")
+COSTART = Param("costart-ms", int, 2, 0, 100, "lead below which a co-stopped vCPU starts again")
+LAGGARD = Param("boost", bool, True, doc="boost the waiting laggard while a sibling is co-stopped")
+
+MODES = ("none", "boost", "relaxed", "gang", "partial")
+ALLOW = Param("allow", tuple, MODES, doc="the modes auto may choose", choices=MODES)
+DWELL = Param("dwell-s", int, 5, 1, 3600, "least time between two mode changes of a guest")
 
 KINDS: dict[str, tuple[Param, ...]] = {
     "none": (),
     "gang": (QUANTUM, BOOST, PRIORITY, WEIGHT),
     "partial": (QUANTUM, BOOST, PRIORITY, WEIGHT),
-    "boost": (WINDOW, PRIORITY, WEIGHT),
+    "boost": (BOOST_MS, WINDOW, PRIORITY, WEIGHT),
+    "relaxed": (COSTOP, COSTART, LAGGARD, BOOST_MS),
+    "auto": (ALLOW, DWELL),
 }
 
 
@@ -96,4 +131,6 @@ def resolve(kind: str, base: dict[str, object], overrides: dict[str, object]) ->
                 known = ", ".join(schema) or "none"
                 raise ParamError(name, f"unknown parameter for policy {kind!r} (known: {known})")
             values[name] = schema[name].coerce(value)
+    if kind == "relaxed" and values["costart-ms"] >= values["costop-ms"]:
+        raise ParamError("costart-ms", f"{values['costart-ms']} must be below costop-ms ({values['costop-ms']})")
     return tuple(sorted(values.items()))

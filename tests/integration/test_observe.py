@@ -70,12 +70,12 @@ def test_live_metadata_change_within_2s(daemon, start_guest):
     g = start_guest("live", workload="idle", policy=guests.annotation("gang"))
     daemon.wait(lambda: (d := daemon.domain(g.name)) and d["policy"] == "gang", 3, "gang policy")
     subprocess.run(["virsh", "-c", "qemu:///system", "metadata", g.name, "--uri", "urn:cosched:libvirt:1",
-                    "--key", "cosched", "--set", '<policy name="boost" window-ms="7"/>', "--live"],
+                    "--key", "cosched", "--set", '<policy name="boost" boost-ms="7"/>', "--live"],
                    check=True, capture_output=True)
     dom, took = daemon.wait(lambda: (d := daemon.domain(g.name)) and d["policy"] == "boost" and d, 2.0, "boost policy")
-    assert dom["params"]["window-ms"] == 7
+    assert dom["params"]["boost-ms"] == 7
     subprocess.run(["virsh", "-c", "qemu:///system", "metadata", g.name, "--uri", "urn:cosched:libvirt:1",
-                    "--key", "cosched", "--set", '<policy name="boost" window-ms="0"/>', "--live"],
+                    "--key", "cosched", "--set", '<policy name="boost" boost-ms="0"/>', "--live"],
                    check=True, capture_output=True)
     daemon.wait(lambda: (d := daemon.domain(g.name)) and d["error"], 2.0, "error after a bad live change")
     assert f'cosched_domain_policy_error{{domain="{g.name}"}} 1.0' in daemon.metrics()

@@ -1,0 +1,201 @@
+"""The per-guest rules of ``boost`` and ``relaxed``: pure state machines.
+
+The switcher polls every watched vCPU thread (by default every millisecond)
+and feeds what it saw to one :class:`Bcs` or :class:`Relaxed` per guest; they
+answer which vCPUs to boost, unboost, co-stop (freeze) and co-start (thaw).
+No I/O here, so the rules are tested on synthetic streams.
+
+What one poll sees of a vCPU thread (:class:`Seen`): whether it is runnable
+(state ``R``: running or queued), the host CPU whose run queue holds it, its
+cumulative run time and how often it has been switched in (``schedstat``).
+A switch-in is visible at once; run time only at the next scheduler tick
+(4 ms at HZ=250) or switch-out. So between two polls a vCPU
+
+* **ran** when it was switched in or its run time grew;
+* **waited** when it stayed runnable and did neither: queued behind another
+  thread (or running since before the last tick: the rules below tolerate
+  that rare confusion, a needless boost of a running thread is harmless);
+* **idled** when it was not runnable.
+
+``boost`` (BCS, boost co-scheduling)
+    As published for Xen: when a vCPU of a guest runs, its runnable siblings
+    are boosted so that the host scheduler starts them too. Here: when a
+    sibling ran in the last poll, every sibling that waited is boosted. A
+    waiting sibling queued on the *same* host CPU as a running one cannot be
+    co-started there, so the running one is boosted first: two boosted
+    threads on one CPU make the kernel push one of them to another CPU (its
+    deadline/RT push logic), which undoes the stacking CFS leaves in place.
+    A boost ends as soon as the vCPU is switched in (it has run), when it
+    blocks, or after ``boost-ms``; the same vCPU is then not boosted again
+    for ``boost-ms``. Never more boosts at once than the switcher allows
+    (``room``).
+
+``relaxed`` (VMware ESX 4's relaxed co-scheduling)
+    Each vCPU has a progress clock that advances while it runs or idles (an
+    idle vCPU does not lag) and stops while it waits for a CPU or is
+    co-stopped. A vCPU that blocks is caught up (it owes nothing). A vCPU's
+    lead is its progress minus that of its slowest runnable sibling; it is
+    co-stopped (its own cgroup frozen) when the lead passes ``costop-ms`` and
+    co-started when the lead is back within ``costart-ms``. At least one
+    vCPU is always left running: never all siblings frozen. With ``boost``,
+    a waiting laggard is boosted as in BCS while a sibling is co-stopped.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One vCPU thread at one poll."""
+
+    runnable: bool               # state R: running or queued
+    cpu: int | None              # host CPU of its run queue
+    run_ns: int                  # cumulative run time
+    picks: int                   # cumulative switch-ins
+
+
+@dataclass
+class Actions:
+    """What to do to a guest's vCPUs, by index, in this order."""
+
+    boost: list[int] = field(default_factory=list)
+    unboost: list[int] = field(default_factory=list)
+    freeze: list[int] = field(default_factory=list)
+    thaw: list[int] = field(default_factory=list)
+
+
+@dataclass
+class _Vcpu:
+    last: Seen | None = None
+    boosted_at: int | None = None
+    boost_picks: int = 0
+    quiet_until: int = 0
+    progress: int = 0
+    frozen: bool = False
+
+
+def _windows(vcpus: list[_Vcpu], seen: list[Seen]) -> tuple[list[bool], list[bool]]:
+    """Per vCPU, whether it ran and whether it waited since the last poll."""
+    ran, waited = [], []
+    for v, s in zip(vcpus, seen):
+        before = v.last
+        r = before is not None and (s.picks > before.picks or s.run_ns > before.run_ns)
+        ran.append(r)
+        waited.append(before is not None and s.runnable and not r and not v.frozen)
+    return ran, waited
+
+
+class Bcs:
+    """Boost co-scheduling of one guest with ``n`` vCPUs (see the module doc)."""
+
+    def __init__(self, n: int, boost_ns: int):
+        self.boost_ns = boost_ns
+        self.vcpus = [_Vcpu() for _ in range(n)]
+
+    @property
+    def boosted(self) -> list[int]:
+        return [i for i, v in enumerate(self.vcpus) if v.boosted_at is not None]
+
+    def cancel(self, i: int) -> None:
+        """The boost of vCPU ``i`` could not be applied: it is not boosted."""
+        self.vcpus[i].boosted_at = None
+
+    def _ends(self, now: int, seen: list[Seen], out: Actions) -> None:
+        for i, (v, s) in enumerate(zip(self.vcpus, seen)):
+            if v.boosted_at is not None and (s.picks > v.boost_picks or not s.runnable
+                                             or now - v.boosted_at >= self.boost_ns):
+                v.boosted_at, v.quiet_until = None, now + self.boost_ns
+                out.unboost.append(i)
+
+    def _start(self, i: int, now: int, seen: list[Seen], out: Actions) -> None:
+        v = self.vcpus[i]
+        v.boosted_at, v.boost_picks = now, seen[i].picks
+        out.boost.append(i)
+
+    def step(self, now: int, seen: list[Seen], room: int, ran=None, waited=None, trigger=None) -> Actions:
+        """React to one poll; boost at most ``room`` vCPUs.
+
+        ``ran``/``waited``/``trigger`` let :class:`Relaxed` reuse the rules
+        for its laggards: by default a sibling that ran triggers boosts.
+        """
+        out = Actions()
+        if ran is None:
+            ran, waited = _windows(self.vcpus, seen)
+        self._ends(now, seen, out)
+        running = [j for j, s in enumerate(seen) if ran[j] and s.runnable]
+        if running if trigger is None else trigger:
+            for i, s in enumerate(seen):
+                v = self.vcpus[i]
+                if not waited[i] or v.boosted_at is not None or now < v.quiet_until:
+                    continue
+                stacked = [j for j in running if seen[j].cpu == s.cpu and s.cpu is not None
+                           and self.vcpus[j].boosted_at is None]
+                if room < 1 + len(stacked[:1]):
+                    break
+                for j in stacked[:1]:                 # the runner first: the second boost pushes one away
+                    self._start(j, now, seen, out)
+                    room -= 1
+                self._start(i, now, seen, out)
+                room -= 1
+        for v, s in zip(self.vcpus, seen):
+            v.last = s
+        return out
+
+
+class Relaxed:
+    """Relaxed co-scheduling of one guest (see the module doc)."""
+
+    def __init__(self, n: int, costop_ns: int, costart_ns: int, boost_ns: int = 0):
+        self.costop_ns = costop_ns
+        self.costart_ns = costart_ns
+        self.vcpus = [_Vcpu() for _ in range(n)]
+        self.bcs = Bcs(n, boost_ns) if boost_ns else None
+        self._at: int | None = None
+
+    def cancel(self, i: int) -> None:
+        if self.bcs is not None:
+            self.bcs.cancel(i)
+
+    @property
+    def frozen(self) -> list[int]:
+        return [i for i, v in enumerate(self.vcpus) if v.frozen]
+
+    def leads(self, seen: list[Seen]) -> list[int]:
+        """Each vCPU's lead over its slowest runnable, unfrozen sibling (0 without one)."""
+        out = []
+        for i, v in enumerate(self.vcpus):
+            behind = [w.progress for j, w in enumerate(self.vcpus) if j != i and seen[j].runnable and not w.frozen]
+            out.append(max(v.progress - min(behind), 0) if behind else 0)
+        return out
+
+    def step(self, now: int, seen: list[Seen], room: int = 0) -> Actions:
+        dt = now - self._at if self._at is not None else 0
+        self._at = now
+        ran, waited = _windows(self.vcpus, seen)
+        for v, s, w in zip(self.vcpus, seen, waited):
+            if not (w or v.frozen):
+                v.progress += dt
+        front = max(v.progress for v in self.vcpus)
+        for v, s in zip(self.vcpus, seen):
+            if not s.runnable and not v.frozen:
+                v.progress = front                    # blocked: it owes nothing
+        out = Actions()
+        leads = self.leads(seen)
+        for i, v in enumerate(self.vcpus):
+            if v.frozen and leads[i] <= self.costart_ns:
+                v.frozen = False
+                out.thaw.append(i)
+        for i in sorted(range(len(leads)), key=lambda i: -leads[i]):
+            v = self.vcpus[i]
+            running = [j for j, w in enumerate(self.vcpus) if not w.frozen and j != i]
+            if not v.frozen and leads[i] > self.costop_ns and running:
+                v.frozen = True
+                out.freeze.append(i)
+        if self.bcs is not None:
+            # boost only laggards, and only while a sibling is held for them
+            got = self.bcs.step(now, seen, room, ran=ran, waited=waited, trigger=bool(self.frozen))
+            out.boost, out.unboost = got.boost, got.unboost
+        for v, s in zip(self.vcpus, seen):
+            v.last = s
+        return out

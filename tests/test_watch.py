@@ -1,0 +1,164 @@
+"""The rules of ``boost`` (BCS) and ``relaxed`` on synthetic poll streams."""
+from hypothesis import given, settings, strategies as st
+
+from cosched.policy.watch import Bcs, Relaxed, Seen
+
+MS = 1_000_000
+
+
+class Thread:
+    """A synthetic vCPU thread: what a poll of /proc would show."""
+
+    def __init__(self, cpu=0):
+        self.run, self.picks, self.runnable, self.cpu = 0, 1, True, cpu
+
+    def seen(self):
+        return Seen(self.runnable, self.cpu, self.run, self.picks)
+
+    def runs(self, ns):            # ran through the window (a tick credited it)
+        self.runnable, self.run = True, self.run + ns
+
+    def waits(self):               # stayed queued: nothing changes
+        self.runnable = True
+
+    def picked(self):              # switched in
+        self.runnable, self.picks = True, self.picks + 1
+
+    def sleeps(self):
+        self.runnable = False
+
+
+def poll(rules, now, threads, room=4):
+    return rules.step(now, [t.seen() for t in threads], room)
+
+
+# -- boost (BCS) -----------------------------------------------------------
+def test_bcs_boosts_a_waiting_sibling_of_a_running_vcpu_until_it_has_run():
+    a, b = Thread(cpu=0), Thread(cpu=1)
+    bcs = Bcs(2, boost_ns=2 * MS)
+    poll(bcs, 0, [a, b])                               # first look: no history, nothing done
+    a.runs(MS)
+    b.waits()
+    acts = poll(bcs, 1 * MS, [a, b])
+    assert acts.boost == [1] and acts.unboost == [] and bcs.boosted == [1]
+    b.picked()                                         # the host scheduler started it: the boost is done
+    a.runs(MS)
+    acts = poll(bcs, 2 * MS, [a, b])
+    assert acts.unboost == [1] and acts.boost == [] and bcs.boosted == []
+
+
+def test_bcs_ends_a_boost_after_boost_ms_and_waits_as_long_before_the_next():
+    a, b = Thread(cpu=0), Thread(cpu=1)
+    bcs = Bcs(2, boost_ns=2 * MS)
+    poll(bcs, 0, [a, b])
+    a.runs(MS)
+    assert poll(bcs, 1 * MS, [a, b]).boost == [1]
+    a.runs(MS)
+    assert poll(bcs, 2 * MS, [a, b]).unboost == []     # 1 ms boosted: still on
+    a.runs(MS)
+    assert poll(bcs, 3 * MS, [a, b]).unboost == [1]    # 2 ms: off, though it never ran
+    a.runs(MS)
+    assert poll(bcs, 4 * MS, [a, b]).boost == []       # quiet for boost-ms
+    a.runs(MS)
+    assert poll(bcs, 5 * MS, [a, b]).boost == [1]
+
+
+def test_bcs_boosts_the_runner_first_when_siblings_share_a_cpu():
+    a, b = Thread(cpu=1), Thread(cpu=1)                # CFS stacked both on CPU 1
+    bcs = Bcs(2, boost_ns=2 * MS)
+    poll(bcs, 0, [a, b])
+    a.runs(MS)
+    acts = poll(bcs, 1 * MS, [a, b])
+    assert acts.boost == [0, 1]                        # two boosted threads on one CPU: the kernel pushes one
+
+
+def test_bcs_never_boosts_idle_vcpus_or_without_a_running_sibling():
+    a, b, c = Thread(0), Thread(1), Thread(1)
+    bcs = Bcs(3, boost_ns=2 * MS)
+    poll(bcs, 0, [a, b, c])
+    a.sleeps(), b.waits(), c.waits()                   # nobody ran: no trigger
+    assert poll(bcs, 1 * MS, [a, b, c]).boost == []
+    a.runs(MS), b.sleeps(), c.sleeps()                 # siblings idle: nothing to co-start
+    assert poll(bcs, 2 * MS, [a, b, c]).boost == []
+
+
+def test_bcs_respects_the_room_it_is_given():
+    threads = [Thread(cpu=i) for i in range(4)]
+    bcs = Bcs(4, boost_ns=2 * MS)
+    poll(bcs, 0, threads)
+    threads[0].runs(MS)
+    assert poll(bcs, 1 * MS, threads, room=2).boost == [1, 2]
+    assert poll(Bcs(4, 2 * MS), 0, threads, room=0).boost == []
+
+
+# -- relaxed ---------------------------------------------------------------
+def test_relaxed_costops_a_leader_and_costarts_it_when_the_laggard_caught_up():
+    a, b = Thread(0), Thread(1)
+    rel = Relaxed(2, costop_ns=3 * MS, costart_ns=2 * MS)
+    poll(rel, 0, [a, b])
+    frozen_at = None
+    for t in range(1, 5):                              # a runs, b waits behind another guest
+        a.runs(MS)
+        acts = poll(rel, t * MS, [a, b])
+        if acts.freeze:
+            frozen_at = t
+            assert acts.freeze == [0]
+    assert frozen_at == 4 and rel.frozen == [0]        # lead 4 ms > 3 ms: co-stop a (never b)
+    b.picked(), b.runs(MS)                             # b gets the CPU a left
+    acts = poll(rel, 5 * MS, [a, b])
+    assert acts.thaw == [] and rel.frozen == [0]       # lead 3 ms: not yet within 2 ms
+    b.runs(MS)
+    acts = poll(rel, 6 * MS, [a, b])
+    assert acts.thaw == [0] and rel.frozen == []       # lead 2 ms: co-start
+
+
+def test_relaxed_an_idle_vcpu_does_not_lag():
+    a, b = Thread(0), Thread(1)
+    rel = Relaxed(2, costop_ns=3 * MS, costart_ns=2 * MS)
+    poll(rel, 0, [a, b])
+    b.sleeps()
+    for t in range(1, 50):
+        a.runs(MS)
+        assert poll(rel, t * MS, [a, b]).freeze == []
+    b.waits()                                          # b wakes: it owes nothing
+    a.runs(MS)
+    assert poll(rel, 50 * MS, [a, b]).freeze == []
+
+
+def test_relaxed_boosts_the_waiting_laggard_while_a_sibling_is_costopped():
+    a, b = Thread(0), Thread(1)
+    rel = Relaxed(2, costop_ns=3 * MS, costart_ns=2 * MS, boost_ns=2 * MS)
+    poll(rel, 0, [a, b])
+    boosts = []
+    for t in range(1, 6):
+        a.runs(MS)
+        boosts += poll(rel, t * MS, [a, b]).boost
+    assert rel.frozen == [0] and boosts == [1]
+    assert Relaxed(2, 3 * MS, 2 * MS).bcs is None      # boost off: no boosts at all
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(2, 4),
+       script=st.lists(st.lists(st.sampled_from(["run", "wait", "pick", "sleep"]), min_size=4, max_size=4),
+                       min_size=1, max_size=120),
+       cpus=st.lists(st.integers(0, 1), min_size=4, max_size=4),
+       room=st.integers(0, 3))
+def test_noisy_streams_never_freeze_every_vcpu_and_bound_boosts(n, script, cpus, room):
+    """Any stream: never all siblings co-stopped, never more boosts than the room,
+    and no boost outlives boost-ms by more than one poll."""
+    threads = [Thread(cpu=cpus[i]) for i in range(n)]
+    rel = Relaxed(n, costop_ns=3 * MS, costart_ns=2 * MS, boost_ns=2 * MS)
+    bcs = Bcs(n, boost_ns=2 * MS)
+    since: dict[tuple[str, int], int] = {}
+    for t, moves in enumerate(script):
+        for thread, move in zip(threads, moves):
+            {"run": lambda: thread.runs(MS), "wait": thread.waits, "pick": thread.picked, "sleep": thread.sleeps}[move]()
+        for name, rules in (("relaxed", rel), ("bcs", bcs)):
+            acts = rules.step(t * MS, [x.seen() for x in threads], room)
+            for i in acts.unboost:
+                since.pop((name, i))
+            for i in acts.boost:
+                since[(name, i)] = t
+            assert len(acts.boost) <= room
+            assert all(t - s <= 2 for (who, _), s in since.items() if who == name)
+        assert len(rel.frozen) < n
