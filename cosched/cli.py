@@ -1,4 +1,4 @@
-"""The ``cosched`` command: daemon, status, reset, validate, check-config."""
+"""The ``cosched`` command: daemon, status, explain, reset, validate, check-config."""
 from __future__ import annotations
 
 import argparse
@@ -75,7 +75,7 @@ def render(status: dict, previous: dict | None = None) -> str:
         f"cosched {d['version']}  libvirt {d['libvirt']['uri']} "
         f"{'connected' if d['libvirt']['connected'] else 'DISCONNECTED'}  host cpus {host['cpus']}  "
         f"cgroup {host['cgroup']}{'  DRY-RUN' if d['dry_run'] else ''}",
-        f"{'DOMAIN':<{width}} {'POLICY':<10} {'VCPU':>4} {'TID':>8} {'CPUS':<8} {'SCHED':<6} {'FRZ':<3} "
+        f"{'DOMAIN':<{width}} {'POLICY':<12} {'VCPU':>4} {'TID':>8} {'CPUS':<8} {'SCHED':<6} {'FRZ':<3} "
         f"{'RUN%':>5} {'WAIT%':>5} {'HAZARD%':>7} {'SKEW ms':>7}",
     ]
     before = {x["uuid"]: x for x in previous["domains"]} if previous else {}
@@ -85,6 +85,8 @@ def render(status: dict, previous: dict | None = None) -> str:
         hazard = dom["hazard_seconds"] - (old["hazard_seconds"] if old else 0.0)
         old_vcpus = {v["index"]: v for v in old["vcpus"]} if old else {}
         policy = dom["policy"] or "INVALID"
+        if dom.get("mode") and dom.get("policy_kind") == "auto":
+            policy = f"auto:{dom['mode']}"
         skew = f"{1000 * dom['skew_mean_seconds']:.2f}"
         if old and dom.get("skew_windows", 0) > old.get("skew_windows", 0):
             skew = f"{1000 * (dom['skew_sum_seconds'] - old['skew_sum_seconds']) / (dom['skew_windows'] - old['skew_windows']):.2f}"
@@ -95,13 +97,13 @@ def render(status: dict, previous: dict | None = None) -> str:
             rates = (_pct(run, span), _pct(wait, span)) if ov else ("    -", "    -")
             first = i == 0
             lines.append(
-                f"{dom['name'] if first else '':<{width}} {policy if first else '':<10} {v['index']:>4} {v['tid']:>8} "
+                f"{dom['name'] if first else '':<{width}} {policy if first else '':<12} {v['index']:>4} {v['tid']:>8} "
                 f"{','.join(map(str, v['cpus'])):<8} {v['sched']:<6} {'yes' if v['frozen'] else 'no':<3} "
                 f"{rates[0]:>5} {rates[1]:>5} "
                 f"{(_pct(hazard, span) if first else ''):>7} {(skew if first else ''):>7}"
             )
         if not dom["vcpus"]:
-            lines.append(f"{dom['name']:<{width}} {policy:<10} (no vCPU threads found)")
+            lines.append(f"{dom['name']:<{width}} {policy:<12} (no vCPU threads found)")
         if dom["error"]:
             lines.append(f"{'':<{width}} error: {dom['error']}")
     if not status["domains"]:
@@ -137,6 +139,44 @@ def cmd_status(args) -> int:
             status = new
     except KeyboardInterrupt:
         return 0
+
+
+def render_explain(e: dict) -> str:
+    """A human view of ``cosched explain``: evidence, scores, decision."""
+    lines = [f"domain {e['domain']}: mode {e['mode']} (auto, allowed: {', '.join(e['allow'])})",
+             f"  decision: {e['reason']}"]
+    sig = e.get("signals") or {}
+    if sig.get("contention") is not None:
+        lines.append(f"  evidence (smoothed): contention {sig['contention']:.2f} (waiting or co-stopped share of "
+                     f"wanted vCPU time), idleness {sig['idleness']:.2f} (idle share of vCPU time not co-stopped), "
+                     f"hazard {sig['hazard_per_second']:.2f} s/s")
+    w = e.get("last_window")
+    if w:
+        lines.append(f"  last window: {w['seconds']:.2f} s x {w['vcpus']} vCPUs: run {w['run']:.2f} s, wait "
+                     f"{w['wait']:.2f} s, co-stopped {w['costop']:.2f} s, idle {w['idle']:.2f} s, "
+                     f"hazard {w['hazard']:.2f} s")
+    if e.get("scores"):
+        lines.append("  scores: " + "  ".join(f"{m} {s:.2f}{' *' if m == e['mode'] else ''}"
+                                              for m, s in sorted(e["scores"].items(), key=lambda kv: -kv[1])))
+    return "\n".join(lines)
+
+
+def cmd_explain(args) -> int:
+    """Why auto runs a guest in the mode it does."""
+    config = _load_config(args.config)
+    try:
+        reply = request(config.socket_path, f"explain {args.domain}")
+    except PermissionError:
+        print(f"cosched: permission denied on {config.socket_path}: run cosched explain as root", file=sys.stderr)
+        return 1
+    except (OSError, ValueError):
+        print(f"cosched: no daemon is running (nothing answers on {config.socket_path})", file=sys.stderr)
+        return 1
+    if "error" in reply:
+        print(f"cosched explain: {reply['error']}", file=sys.stderr)
+        return 1
+    print(json.dumps(reply, indent=2) if args.json else render_explain(reply))
+    return 0
 
 
 def cmd_reset(args) -> int:
@@ -260,6 +300,12 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--watch", type=float, metavar="SECONDS", help="redraw with rates every SECONDS")
     s.add_argument("--config", help=argparse.SUPPRESS)
     s.set_defaults(func=cmd_status)
+
+    e = sub.add_parser("explain", help="why auto runs a guest in its mode: evidence, scores, decision")
+    e.add_argument("domain")
+    e.add_argument("--json", action="store_true", help="the explanation as JSON")
+    e.add_argument("--config", help=argparse.SUPPRESS)
+    e.set_defaults(func=cmd_explain)
 
     v = sub.add_parser("validate", help="check the cosched annotation of a domain XML file")
     v.add_argument("file")

@@ -34,6 +34,8 @@ from cosched.hostfs import HostFS
 from cosched.metrics import CoschedCollector, serve
 from cosched.model import Snapshot
 from cosched.notify import Notifier
+from cosched.policy.auto import DECIDE_S, Auto
+from cosched.policy.plan import pool_order
 from cosched.policy.presets import Presets
 
 log = logging.getLogger("cosched.daemon")
@@ -79,6 +81,7 @@ class Daemon:
         self.started = time.time()
         self._http = None
         self._samples_seen, self._sampled_at, self._unhealthy = -1, time.monotonic(), False
+        self.auto = Auto()
 
     @property
     def snapshot(self) -> Snapshot | None:
@@ -96,7 +99,7 @@ class Daemon:
         for level, line in report.changes(self.snapshot, snap):
             log.log(level, line)
         self.latest.snapshot = snap
-        self.engine.reconcile(snap)
+        self.engine.reconcile(self.auto.effective(snap))
         return snap
 
     def reload(self) -> None:
@@ -154,6 +157,42 @@ class Daemon:
             except Exception:
                 log.exception("action=resync-failed")
 
+    # -- auto -----------------------------------------------------------
+    def decide(self) -> None:
+        """One decision for every guest under ``auto``; replan if a mode changed."""
+        snap = self.snapshot
+        if snap is None:
+            return
+        pool = len(pool_order(snap.host, self.engine.reserved_cpus))
+        changes = self.auto.step(time.monotonic(), snap, self.sampler.view(), self.engine.costop(), pool)
+        for name, old, new, why in changes:
+            log.info("domain=%s action=mode old=%s new=%s reason=%r", name, old, new, why)
+        if changes:
+            self.engine.reconcile(self.auto.effective(snap))
+
+    def modes(self) -> dict[str, str]:
+        """The mode in force per guest: the chosen one under auto, else the planned one."""
+        snap, plan = self.snapshot, self.engine.plan
+        out = {}
+        for d in snap.domains if snap else ():
+            mode = self.auto.mode(d.uuid) if d.policy is not None and d.policy.kind == "auto" else plan.mode_of(d.uuid)
+            if mode is not None and d.uuid not in plan.rejected:
+                out[d.uuid] = mode
+        return out
+
+    def explain(self, name: str) -> dict:
+        """``cosched explain NAME``: the evidence, scores and decision of a guest under auto."""
+        d = self.snapshot.domain(name) if self.snapshot else None
+        if d is None:
+            return {"error": f"no domain named {name!r} is running"}
+        if d.policy is None or d.policy.kind != "auto":
+            return {"error": f"domain {name} is not under auto (policy {d.policy.preset if d.policy else 'invalid'})"}
+        got = self.auto.chooser.explain(d.uuid)
+        if got is None:
+            return {"domain": name, "mode": "none", "reason": "no evidence yet", "scores": {}, "signals": {},
+                    "last_window": None, "allow": list(dict(d.policy.params)["allow"])}
+        return {"domain": name, "allow": list(dict(d.policy.params)["allow"]), **got}
+
     # -- health ---------------------------------------------------------
     def summary(self) -> str:
         """One line for systemd's STATUS=."""
@@ -185,6 +224,8 @@ class Daemon:
         if what == "reset":
             problems = self.engine.pause()
             return {"restored": not problems, "problems": problems}
+        if what.startswith("explain "):
+            return self.explain(what.removeprefix("explain ").strip())
         return {"error": f"unknown request {what!r}"}
 
     def status(self) -> dict:
@@ -207,14 +248,16 @@ class Daemon:
         }
         engine = {"paused": self.engine.paused, "max_stall_limit_ms": self.engine.max_stall_ms,
                   "reserved_cpus": list(self.engine.reserved_cpus)}
-        return report.document(snap, self.sampler.view(), self.engine.plan, self.engine.stats(), live, daemon, engine)
+        return report.document(snap, self.sampler.view(), self.engine.plan, self.engine.stats(), live, daemon, engine,
+                               self.modes())
 
     # -- lifecycle ------------------------------------------------------
     def run(self) -> int:
         host, port = self.config.metrics_host_port()
         self.control.start()
         try:
-            self._http, _ = serve(CoschedCollector(self.latest.get, self.sampler.view, self.engine, self.health), host, port)
+            self._http, _ = serve(CoschedCollector(self.latest.get, self.sampler.view, self.engine, self.health,
+                                                   self.modes), host, port)
         except OSError as e:
             self.control.stop()
             log.error("action=metrics-listen-failed address=%s error=%r", self.config.metrics_address, e.strerror)
@@ -235,11 +278,19 @@ class Daemon:
         log.info("version=%s connect=%s metrics=%s dry_run=%s action=started", __version__, self.config.connect,
                  self.config.metrics_address, self.dry_run)
         self.notifier.ready(self.summary())
-        tick = min(1.0, self.notifier.watchdog_interval or 1.0)
+        tick = min(DECIDE_S, self.notifier.watchdog_interval or DECIDE_S)
+        decided = time.monotonic()
         while not self.stop.wait(tick):
-            if self.healthy(threads, time.monotonic()):
+            now = time.monotonic()
+            if self.healthy(threads, now):
                 self.notifier.watchdog()
             self.notifier.status(self.summary())
+            if now - decided >= DECIDE_S * 0.95:
+                decided = now
+                try:
+                    self.decide()
+                except Exception:
+                    log.exception("action=decide-failed")
         log.info("action=stopping")
         self.notifier.stopping()
         self.wake.set()

@@ -23,11 +23,13 @@ from cosched.sampler import DomainView
 
 class CoschedCollector:
     def __init__(self, snapshot: Callable[[], Snapshot | None], sampler_view: Callable[[], dict[str, DomainView]],
-                 engine=None, health: Callable[[], dict] | None = None):
+                 engine=None, health: Callable[[], dict] | None = None,
+                 modes: Callable[[], dict[str, str]] | None = None):
         self.snapshot = snapshot
         self.sampler_view = sampler_view
         self.engine = engine
         self.health = health
+        self.modes = modes
 
     def describe(self):
         return []  # dynamic series: do not let the registry call collect() at registration
@@ -65,15 +67,28 @@ class CoschedCollector:
         )
         costop = CounterMetricFamily("cosched_vcpu_costop_seconds", "Time the vCPU was held frozen by cosched",
                                      labels=["domain", "vcpu"])
-        rejected = self.engine.plan.rejected if self.engine else {}
+        costops = CounterMetricFamily("cosched_vcpu_costops", "Times cosched co-stopped this vCPU alone (relaxed)",
+                                      labels=["domain", "vcpu"])
+        boosts = CounterMetricFamily("cosched_vcpu_boosts", "Times cosched boosted this vCPU (boost, relaxed)",
+                                     labels=["domain", "vcpu"])
+        mode = GaugeMetricFamily("cosched_domain_mode", "1 for the mode in force for a managed domain",
+                                 labels=["domain", "mode"])
+        plan = self.engine.plan if self.engine is not None else None
+        rejected = plan.rejected if plan else {}
         stats = self.engine.stats() if self.engine is not None else None
-        costops = stats.costop if stats else {}
+        modes = self.modes() if self.modes is not None else {
+            d.uuid: plan.mode_of(d.uuid) for d in (snap.domains if snap and plan else ()) if plan.cell_of(d.uuid)}
         for d in snap.domains if snap else ():
             info.add_metric([d.name, d.uuid, d.policy.preset if d.policy else ""], 1)
             error.add_metric([d.name], 1 if d.error or d.uuid in rejected else 0)
-            if self.engine is not None and self.engine.plan.cell_of(d.uuid):
+            if d.uuid in modes:
+                mode.add_metric([d.name, modes[d.uuid]], 1)
+            if plan is not None and plan.cell_of(d.uuid):
                 for vc in d.vcpus:
-                    costop.add_metric([d.name, str(vc.index)], costops.get((d.uuid, vc.index), 0.0))
+                    key, labels = (d.uuid, vc.index), [d.name, str(vc.index)]
+                    costop.add_metric(labels, stats.costop.get(key, 0.0))
+                    costops.add_metric(labels, stats.costops.get(key, 0))
+                    boosts.add_metric(labels, stats.boosts.get(key, 0))
             v = views.get(d.uuid)
             if v is None:
                 continue
@@ -84,7 +99,7 @@ class CoschedCollector:
             partial.add_metric([d.name], v.partial)
             observed.add_metric([d.name], v.observed)
             skew.add_metric([d.name], [(le, c) for le, c in v.skew_buckets], v.skew_sum)
-        yield from (info, error, run, wait, costop, hazard, partial, observed, skew)
+        yield from (info, error, run, wait, costop, costops, boosts, mode, hazard, partial, observed, skew)
         if stats is not None:
             yield from self._engine_metrics(stats)
         if self.health is not None:

@@ -68,9 +68,11 @@ def summary(snap: Snapshot | None, plan: Plan, connected: bool, paused: bool) ->
 
 
 def document(snap: Snapshot | None, views: Mapping, plan: Plan, stats, live: Mapping[tuple[str, int], dict],
-             daemon: dict, engine: dict) -> dict:
+             daemon: dict, engine: dict, modes: Mapping[str, str] | None = None) -> dict:
     """The status document.
 
+    ``modes``: the mode in force per managed guest, by uuid (for ``auto``,
+    the one it chose; default: the planned one).
     ``views``: the sampler's per-domain figures by uuid; ``stats``: the
     engine's :class:`~cosched.engine.EngineStats`; ``live``: per (uuid, vCPU
     index) the state read just now (``frozen``, ``sched``, ``priority``);
@@ -106,6 +108,7 @@ def document(snap: Snapshot | None, views: Mapping, plan: Plan, stats, live: Map
             "params": dict(d.policy.params) if d.policy else {},
             "error": d.error or plan.rejected.get(d.uuid),
             "managed": cell is not None,
+            "mode": (modes.get(d.uuid) if modes is not None else plan.mode_of(d.uuid)),
             "cell": cell.id if cell else None,
             "warnings": list(d.warnings),
             "vcpus": [{
@@ -116,6 +119,8 @@ def document(snap: Snapshot | None, views: Mapping, plan: Plan, stats, live: Map
                 "run_seconds": per_vcpu[vc.index].run if vc.index in per_vcpu else None,
                 "wait_seconds": per_vcpu[vc.index].wait if vc.index in per_vcpu else None,
                 "costop_seconds": stats.costop.get((d.uuid, vc.index), 0.0),
+                "costops": stats.costops.get((d.uuid, vc.index), 0),
+                "boosts": stats.boosts.get((d.uuid, vc.index), 0),
             } for vc in d.vcpus],
             "observed_seconds": v.observed if v else 0.0,
             "hazard_seconds": v.hazard if v else 0.0,

@@ -69,6 +69,13 @@ def test_status_without_daemon(tmp_path, capsys):
     assert "no daemon" in capsys.readouterr().err
 
 
+def test_explain_without_daemon(tmp_path, capsys):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'state_dir = "{tmp_path}"\n')
+    assert main(["explain", "vm1", "--config", str(cfg)]) == 1
+    assert "no daemon" in capsys.readouterr().err
+
+
 def test_render_with_rates():
     def doc(observed, run, hazard):
         return {"host": {"cpus": [0, 1], "cgroup": "hybrid"},
@@ -87,7 +94,7 @@ def test_wheel_has_package_presets_and_script(tmp_path):
     (wheel,) = tmp_path.glob("cosched-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "cosched/cli.py" in names
-    for preset in ("none", "gang", "partial", "boost"):
+    for preset in ("none", "gang", "partial", "boost", "relaxed", "auto"):
         assert f"cosched/policies/{preset}.toml" in names
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     assert "cosched = cosched.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()

@@ -62,3 +62,31 @@ def test_health_metrics():
     for line in ("cosched_libvirt_connected 0.0", "cosched_samples_total 7.0", "cosched_late_samples_total 2.0",
                  "cosched_preset_errors 1.0", "cosched_switcher_realtime 1.0", "cosched_healthy 1.0"):
         assert line in text.splitlines()
+
+
+def test_mode_and_watch_counts_in_status_and_metrics():
+    from cosched.policy.plan import Cell, Member
+    stats = EngineStats()
+    stats.costops[("uuid-vm1", 0)], stats.boosts[("uuid-vm1", 1)] = 4, 7
+    plan = Plan((Cell("relaxed-vm1", "relaxed", (), (Member("uuid-vm1", "vm1", 0, 0, ()),), kind="relaxed"),))
+    auto = PolicySpec("auto", "auto", (), "annotation")
+    s = snap(dom(), dom("vm2", policy=auto), dom("vm3"))
+    doc = status.document(s, {}, plan, stats, {}, {}, {}, {"uuid-vm1": "relaxed", "uuid-vm2": "boost"})
+    by = {d["name"]: d for d in doc["domains"]}
+    assert (by["vm1"]["mode"], by["vm2"]["mode"], by["vm3"]["mode"]) == ("relaxed", "boost", None)
+    assert (by["vm1"]["vcpus"][0]["costops"], by["vm1"]["vcpus"][1]["boosts"]) == (4, 7)
+
+    class Engine:
+        def __init__(self):
+            self.plan = plan
+
+        def stats(self):
+            return stats
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(CoschedCollector(lambda: s, dict, Engine(), None, lambda: {"uuid-vm1": "relaxed", "uuid-vm2": "boost"}))
+    text = generate_latest(registry).decode()
+    for line in ['cosched_domain_mode{domain="vm1",mode="relaxed"} 1.0', 'cosched_domain_mode{domain="vm2",mode="boost"} 1.0',
+                 'cosched_vcpu_costops_total{domain="vm1",vcpu="0"} 4.0',
+                 'cosched_vcpu_boosts_total{domain="vm1",vcpu="1"} 7.0']:
+        assert line in text, line
+    assert 'domain="vm3",mode' not in text

@@ -1,8 +1,10 @@
-"""Gang co-scheduling on real guests: throughput, exclusivity, and a clean host afterwards.
+"""Enforcement on real guests: gang, boost, relaxed and auto, and a clean host afterwards.
 
 Three busy 2-vCPU guests (a spin-barrier loop) on the host's CPUs. Every
 comparison is measured in the same run: one guest alone (the ideal), the
-three under the host's own scheduler, then the three under ``gang``.
+three under the host's own scheduler, then the three under ``gang``. The
+watched modes (``boost``, ``relaxed``) and ``auto`` are judged from outside:
+thread policies and cgroup freeze states sampled while the daemon runs.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import libvirt
 import pytest
@@ -21,6 +24,7 @@ from testbed import guests
 from .conftest import PREFIX, DaemonProcess
 
 NAMES = [PREFIX + f"gang-{c}" for c in "abc"]
+SCHED_DEADLINE = 6        # not in Python's os module
 MEASURE = 8.0
 
 
@@ -44,7 +48,8 @@ def host_state(names) -> dict:
             state[f"{cg} frozen"] = open(f"{cg}/cgroup.events").read().split()[-1]
             state[f"{cg} freeze"] = open(f"{cg}/cgroup.freeze").read().strip()
             for tid in open(f"{cg}/cgroup.threads").read().split():
-                state[f"{name} tid {tid} policy"] = os.sched_getscheduler(int(tid))
+                state[f"{name} tid {tid} policy"] = (os.sched_getscheduler(int(tid)),
+                                                     os.getpriority(os.PRIO_PROCESS, int(tid)))
         cpu_mount = guests.cgroup_mounts()[1]
         for cg in guests.vcpu_cgroups(name)["cpu"]:           # the RT runtime chain, vCPU up to the root
             while cg.startswith(cpu_mount):
@@ -243,6 +248,156 @@ def test_reset_with_a_running_daemon_restores_and_pauses(trio, tmp_path):
         assert host_state(NAMES) == before
     finally:
         assert daemon.stop() == 0
+
+
+def vcpu_tids(name: str) -> list[int]:
+    return [int(t) for cg in vcpu_cgroups(name) for t in open(f"{cg}/cgroup.threads").read().split()]
+
+
+def watch_from_outside(seconds: float) -> dict:
+    """Sample, from outside the daemon, every vCPU's policy and freeze state:
+    per guest, how many samples saw a vCPU under SCHED_DEADLINE, saw one frozen,
+    and saw all of them frozen in two passes in a row."""
+    cgs = {n: vcpu_cgroups(n) for n in NAMES if os.path.exists(f"/run/libvirt/qemu/{n}.pid")}
+    tids = {n: vcpu_tids(n) for n in cgs}
+    seen = {n: {"deadline": 0, "frozen": 0, "all_frozen": 0, "policies": {t: set() for t in tids[n]}} for n in cgs}
+    prev_all = {n: False for n in cgs}
+    samples = 0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for n in cgs:
+            policies = {t: os.sched_getscheduler(t) for t in tids[n]}
+            for t, p in policies.items():
+                seen[n]["policies"][t].add(p)
+            seen[n]["deadline"] += SCHED_DEADLINE in policies.values()
+            frozen = [open(f"{cg}/cgroup.events").read().split()[-1] == "1" for cg in cgs[n]]
+            seen[n]["frozen"] += any(frozen)
+            seen[n]["all_frozen"] += all(frozen) and prev_all[n]
+            prev_all[n] = all(frozen)
+        samples += 1
+        time.sleep(0.0002)
+    return {"samples": samples, **seen}
+
+
+def test_boost_raises_waiting_siblings_then_restores_what_they_had(trio, tmp_path):
+    gs, _ = trio
+    batch_tid = vcpu_tids(gs[0].name)[1]
+    os.sched_setscheduler(batch_tid, os.SCHED_BATCH, os.sched_param(0))   # a guest vCPU of the test's own
+    os.setpriority(os.PRIO_PROCESS, batch_tid, 5)
+    try:
+        before = annotate_all(gs, '<policy name="boost"/>')
+        daemon = DaemonProcess(tmp_path).start()
+        try:
+            daemon.wait(lambda: all((d := daemon.domain(g.name)) and d.get("mode") == "boost" for g in gs), 10,
+                        "guests under boost")
+            seen = watch_from_outside(4.0)
+            rates = throughputs(gs, 4.0)
+            status = daemon.status()
+        finally:
+            code = daemon.stop()
+        after = host_state(NAMES)
+        boosts = {d["name"]: sum(v["boosts"] for v in d["vcpus"]) for d in status["domains"] if d["name"] in NAMES}
+        print(f"\nboost: outside {seen}  boosts {boosts}  rates {rates}")
+        assert code == 0
+        assert all(n > 0 for n in boosts.values()), f"a guest was never boosted: {boosts}"
+        assert sum(seen[n]["deadline"] for n in NAMES) > 0, "no vCPU was seen boosted from outside"
+        assert all(seen[n]["frozen"] == 0 for n in NAMES), "boost froze a vCPU"
+        # the BATCH vCPU was boosted from, and returned to, BATCH: never to the default policy
+        assert seen[gs[0].name]["policies"][batch_tid] <= {os.SCHED_BATCH, SCHED_DEADLINE, os.SCHED_FIFO}
+        assert (os.sched_getscheduler(batch_tid), os.getpriority(os.PRIO_PROCESS, batch_tid)) == (os.SCHED_BATCH, 5)
+        assert after == before, "the daemon left a thread boosted or something changed"
+    finally:
+        os.sched_setscheduler(batch_tid, os.SCHED_OTHER, os.sched_param(0))
+        os.setpriority(os.PRIO_PROCESS, batch_tid, 0)
+
+
+def test_relaxed_costops_a_leader_never_every_sibling(trio, tmp_path):
+    gs, _ = trio
+    before = annotate_all(gs, '<policy name="relaxed"/>')
+    daemon = DaemonProcess(tmp_path).start()
+    try:
+        daemon.wait(lambda: all((d := daemon.domain(g.name)) and d.get("mode") == "relaxed" for g in gs), 10,
+                    "guests under relaxed")
+        seen = watch_from_outside(4.0)
+        status = daemon.status()
+    finally:
+        code = daemon.stop()
+    costops = {d["name"]: sum(v["costops"] for v in d["vcpus"]) for d in status["domains"] if d["name"] in NAMES}
+    print(f"\nrelaxed: outside {seen}  costops {costops}")
+    assert code == 0
+    assert sum(costops.values()) > 0 and sum(seen[n]["frozen"] for n in NAMES) > 0, "nothing was co-stopped"
+    assert all(seen[n]["all_frozen"] == 0 for n in NAMES), "every vCPU of a guest was frozen at once"
+    assert host_state(NAMES) == before
+
+
+def test_sigkill_under_relaxed_and_boost_then_reset_leaves_nothing(trio, tmp_path):
+    gs, _ = trio
+    before = annotate_all(gs, '<policy name="relaxed"/>')
+    set_policy(gs[2].name, '<policy name="boost"/>')
+    before = host_state(NAMES)
+    daemon = DaemonProcess(tmp_path).start()
+    try:
+        daemon.wait(lambda: sum(v["costops"] + v["boosts"] for d in daemon.status()["domains"]
+                                for v in d["vcpus"]) > 20, 10, "co-stops and boosts")
+    finally:
+        os.killpg(os.getpgid(daemon.proc.pid), signal.SIGKILL)
+        daemon.proc.wait()
+    journal = (Path(daemon.state_dir) / "journal.json").read_text()
+    assert '"kind":"sched"' in journal.replace(" ", "") and '"kind":"freeze"' in journal.replace(" ", "")
+    reset = subprocess.run([sys.executable, "-m", "cosched", "reset", "--config", str(daemon.config)],
+                           capture_output=True, text=True)
+    assert reset.returncode == 0, reset.stderr
+    assert host_state(NAMES) == before
+
+
+@pytest.fixture(scope="module")
+def sleepers(trio, guest_image):
+    """Two 2-vCPU guests whose vCPUs sleep between short chunks (booted with the trio paused)."""
+    gs, _ = trio
+    started = []
+    for g in gs:
+        g.dom.suspend()
+    try:
+        for name in (PREFIX + "sleep-a", PREFIX + "sleep-b"):
+            g = guests.start(name, workload="blocking", image=guest_image)
+            started.append(g)
+            g.wait_for("cosched-result")
+    finally:
+        for g in gs:
+            g.dom.resume()
+    yield started
+    for g in started:
+        g.destroy()
+
+
+def test_auto_coschedules_barrier_guests_and_leaves_sleepers_unfrozen(trio, sleepers, tmp_path):
+    gs, _ = trio
+    annotate_all(gs, '<policy name="auto"/>')
+    for g in sleepers:
+        set_policy(g.name, '<policy name="auto"/>')
+    daemon = DaemonProcess(tmp_path).start()
+    try:
+        def settled():
+            modes = {g.name: (daemon.domain(g.name) or {}).get("mode") for g in gs + sleepers}
+            return all(modes[g.name] in ("gang", "partial", "relaxed") for g in gs) and all(
+                modes[g.name] in ("none", "boost") for g in sleepers) and modes
+        modes, took = daemon.wait(settled, 30, "auto's choices")
+        sleeper_cgs = [cg for g in sleepers for cg in vcpu_cgroups(g.name)]
+        frozen_sleeper = 0
+        seen = watch_from_outside(3.0)
+        for cg in sleeper_cgs:
+            frozen_sleeper += open(f"{cg}/cgroup.events").read().split()[-1] == "1"
+        explain = subprocess.run([sys.executable, "-m", "cosched", "explain", gs[0].name, "--config",
+                                  str(daemon.config)], capture_output=True, text=True)
+        log = daemon.log.read_text()
+    finally:
+        code = daemon.stop()
+    print(f"\nauto: modes {modes} after {took:.1f} s  outside {seen}\n{explain.stdout}")
+    assert code == 0
+    assert sum(seen[g.name]["frozen"] for g in gs) > 0, "no barrier guest was ever co-stopped or frozen"
+    assert frozen_sleeper == 0
+    assert explain.returncode == 0 and "scores:" in explain.stdout and modes[gs[0].name] in explain.stdout
+    assert f"domain={gs[0].name} action=mode old=none new={modes[gs[0].name]}" in log
 
 
 def test_guest_destroyed_mid_slot_is_harmless(trio, tmp_path):

@@ -1,0 +1,132 @@
+"""auto's classifier on synthetic sampler streams: steady, noisy, flapping, changing phase."""
+import random
+
+import pytest
+
+from cosched.model import Domain, Host, PolicySpec, Snapshot, Vcpu
+from cosched.policy.auto import Auto, Chooser, Evidence, scores
+from cosched.policy.params import MODES, ParamError, resolve
+from cosched.sampler import DomainView, VcpuView
+
+ALL = MODES
+
+
+def barrier(rng=None, held=0.0):
+    """Two vCPUs that never idle, fighting other guests for the CPUs (wait or co-stop)."""
+    j = rng.uniform(-0.1, 0.1) if rng else 0.0
+    return Evidence(1.0, 2, run=0.9 + j, wait=(1.1 - j) * (1 - held), costop=(1.1 - j) * held)
+
+
+def blocking(rng=None):
+    """Two vCPUs that sleep half the time and wait a little when they wake."""
+    j = rng.uniform(-0.05, 0.05) if rng else 0.0
+    return Evidence(1.0, 2, run=0.8 + j, wait=0.3, costop=0.0)
+
+
+def quiet():
+    return Evidence(1.0, 2, run=0.5, wait=0.01)
+
+
+def run(stream, seconds, ch=None, allow=ALL, dwell=5, start=0):
+    ch = ch or Chooser()
+    modes = []
+    for t in range(start, start + seconds):
+        mode, _ = ch.decide("g", float(t), stream(t), allow, dwell)
+        modes.append(mode)
+    return ch, modes
+
+
+def changes(modes):
+    return sum(1 for a, b in zip(modes, modes[1:]) if a != b)
+
+
+def test_signals_do_not_depend_on_the_mode():
+    # the same guest under cfs (waits) and under gang (held frozen): same contention, same idleness
+    cfs, gang = barrier(held=0.0), barrier(held=1.0)
+    assert cfs.contention == pytest.approx(gang.contention) and cfs.idleness == pytest.approx(gang.idleness)
+    assert blocking().idleness == pytest.approx(0.45) and barrier().idleness == 0.0
+
+
+@pytest.mark.parametrize("stream,mode", [
+    (lambda t: barrier(), "gang"),
+    (lambda t: blocking(), "boost"),
+    (lambda t: Evidence(1.0, 2, run=1.4, wait=0.4), "relaxed"),   # idles 10%
+    (lambda t: quiet(), "none"),
+])
+def test_steady_guests_get_their_mode_and_keep_it(stream, mode):
+    _, modes = run(stream, 120)
+    assert modes[-1] == mode
+    assert changes(modes) <= 1 and modes.index(mode) <= 5 if mode != "none" else set(modes) == {"none"}
+
+
+def test_partial_where_the_pool_has_room_for_two_guests():
+    ch = Chooser()
+    for t in range(10):
+        mode, _ = ch.decide("g", float(t), barrier(), ALL, 5, coschedule="partial")
+    assert mode == "partial" and scores(1.0, 0.0, "partial")["gang"] < scores(1.0, 0.0, "partial")["partial"]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_noisy_steady_guests_change_mode_at_most_once_a_minute(seed):
+    rng = random.Random(seed)
+    for make in (barrier, blocking):
+        _, modes = run(lambda t: make(rng), 600)
+        assert changes(modes) <= 10, f"{make.__name__}: {changes(modes)} changes in 10 minutes"
+        assert changes(modes[60:]) == 0
+
+
+def test_a_flapping_stream_does_not_make_the_mode_flap():
+    # evidence alternating every window between two kinds of guest
+    _, modes = run(lambda t: barrier() if t % 2 else blocking(), 600)
+    assert changes(modes) <= 1
+
+
+def test_a_phase_change_is_followed_within_five_seconds():
+    def phases(t):
+        return barrier() if (t // 20) % 2 == 0 else blocking()
+    _, modes = run(phases, 200)
+    for start in range(20, 200, 20):
+        want = "gang" if (start // 20) % 2 == 0 else "boost"
+        took = next(i for i, m in enumerate(modes[start:], 0) if m == want)
+        assert took <= 5, f"phase at {start} s: {want} after {took} s"
+
+
+def test_dwell_time_and_allow_bound_the_choice():
+    _, modes = run(lambda t: barrier(), 30, dwell=20)
+    assert modes.index("gang") == 20                      # better from the start, but dwell-s holds
+    _, modes = run(lambda t: barrier(), 30, allow=("none", "boost", "relaxed"))
+    assert "gang" not in modes and modes[-1] == "relaxed"  # the strictest allowed
+    ch, _ = run(lambda t: barrier(), 30)
+    mode, why = ch.decide("g", 31.0, barrier(), ("boost",), 5)
+    assert mode == "boost" and "no longer allowed" in why  # new bounds apply at once
+
+
+def test_allow_parameter_is_validated():
+    assert dict(resolve("auto", {}, {"allow": "gang, boost"}))["allow"] == ("gang", "boost")
+    for bad in ("gang,fast", ""):
+        with pytest.raises(ParamError, match="allow"):
+            resolve("auto", {}, {"allow": bad})
+
+
+def test_auto_turns_cumulative_figures_into_windows_and_plans_the_mode():
+    host = Host(cpus=(0, 1), core_of={0: (0, 0), 1: (0, 1)}, node_of={0: 0, 1: 0}, cgroup="hybrid",
+                cgroup2_mount="/sys/fs/cgroup/unified")
+    spec = PolicySpec("auto", "auto", resolve("auto", {}, {}), "annotation")
+    vcpus = tuple(Vcpu(i, 10 + i, f"/m/g/vcpu{i}", start_time=1) for i in range(2))
+    snap = Snapshot(host, (Domain("g", "u", 1, vcpus, spec), Domain("h", "v", 2, vcpus, None, error="bad")))
+    auto = Auto()
+
+    def view(t):                                # a barrier guest: run 0.9 s and wait 1.1 s per second
+        return {"u": DomainView("u", "g", (VcpuView(0, 10, 0.45 * t, 0.55 * t), VcpuView(1, 11, 0.45 * t, 0.55 * t)),
+                                hazard=0.8 * t, partial=0.0, observed=float(t), skew_buckets=(), skew_sum=0.0,
+                                skew_count=0, last_skew=0.0)}
+    seen = []
+    for t in range(12):
+        seen += auto.step(float(t), snap, view(t), {}, pool_cpus=2)
+    assert [(name, old, new) for name, old, new, _ in seen] == [("g", "none", "gang")]
+    eff = auto.effective(snap)
+    assert eff.domains[0].policy.kind == "gang" and dict(eff.domains[0].policy.params)["quantum-ms"] == 50
+    assert eff.domains[0].policy.preset == "auto" and eff.domains[1] == snap.domains[1]
+    explained = auto.chooser.explain("u")
+    assert explained["mode"] == "gang" and explained["scores"]["gang"] > 0.9
+    assert explained["last_window"]["wait"] == pytest.approx(1.1)
