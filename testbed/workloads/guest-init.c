@@ -29,6 +29,12 @@
  *   blocking  `chunk` steps, then sleep `sleep_us`: vCPUs are often idle;
  *             iters = chunks.
  *   pingpong  two threads pass a token through a pipe; iters = round trips.
+ *   phases    `barrier` and `blocking` in turn, `phase_ms` (guest time) each,
+ *             starting with barrier; every thread switches at the same
+ *             barrier crossing. iters = barrier crossings plus chunks, and
+ *             the result line also says which phase is running
+ *             (phase=<number of phases begun so far, from 0>: even numbers
+ *             are barrier phases).
  *   idle      threads sleep; the guest only keeps its kernel running.
  *
  * Every `interval_ms` the main thread prints one line that the host parses:
@@ -68,6 +74,8 @@ static long opt_cs = 200;         /* spinlock: critical section steps */
 static long opt_sleep_us = 2000;  /* blocking: sleep between chunks */
 static long opt_n = 128;          /* lu: matrix size */
 static long opt_b = 16;           /* lu: block size */
+static long opt_phase_ms = 20000; /* phases: length of each phase */
+static uint64_t started_ns;       /* phases: when the workload started */
 
 #define HIST_BUCKETS 136       /* up to 2^34 us */
 
@@ -112,13 +120,20 @@ static void compute(long id, long steps) {
     count[id].sink += x;
 }
 
-/* Sense-reversing centralized spin barrier: the spinning is the point. */
-static struct { long count, waiting; int sense; } bar;
+static long phase_now(void) {
+    return (long)((now_ns() - started_ns) / 1000000 / (uint64_t)opt_phase_ms);
+}
+
+/* Sense-reversing centralized spin barrier: the spinning is the point.
+ * The last thread to arrive also notes the phase (for `phases`), so every
+ * thread leaves the crossing with the same one. */
+static struct { long count, waiting, phase; int sense; } bar;
 
 static void barrier_wait(int *local_sense) {
     *local_sense = !*local_sense;
     if (__atomic_add_fetch(&bar.waiting, 1, __ATOMIC_ACQ_REL) == bar.count) {
         __atomic_store_n(&bar.waiting, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&bar.phase, phase_now(), __ATOMIC_RELAXED);
         __atomic_store_n(&bar.sense, *local_sense, __ATOMIC_RELEASE);
     } else {
         while (__atomic_load_n(&bar.sense, __ATOMIC_ACQUIRE) != *local_sense)
@@ -301,6 +316,27 @@ static void *blocking_thread(void *arg) {
     return NULL;
 }
 
+/* Barrier phases end at a crossing (all threads agree); blocking phases end
+ * for each thread when its clock says so, and the barrier then waits for all. */
+static void *phases_thread(void *arg) {
+    long id = (long)arg;
+    int sense = 0;
+    struct timespec ts = {opt_sleep_us / 1000000, (opt_sleep_us % 1000000) * 1000};
+    for (;;) {
+        do {
+            compute(id, opt_chunk);
+            barrier_wait(&sense);
+            count_iter(id);
+        } while (__atomic_load_n(&bar.phase, __ATOMIC_RELAXED) % 2 == 0);
+        while (phase_now() % 2 == 1) {
+            compute(id, opt_chunk);
+            nanosleep(&ts, NULL);
+            count_iter(id);
+        }
+    }
+    return NULL;
+}
+
 static int ping[2], pong[2];
 
 static void *pingpong_thread(void *arg) {
@@ -340,7 +376,7 @@ struct workload { const char *name; void *(*fn)(void *); int reports_missed; };
 static const struct workload workloads[] = {
     {"barrier", barrier_thread, 0}, {"deadline", deadline_thread, 1}, {"spinlock", spinlock_thread, 0},
     {"lu", lu_thread, 0}, {"ep", ep_thread, 0}, {"blocking", blocking_thread, 0},
-    {"pingpong", pingpong_thread, 0}, {"idle", idle_thread, 0},
+    {"pingpong", pingpong_thread, 0}, {"idle", idle_thread, 0}, {"phases", phases_thread, 0},
 };
 
 struct start { const struct workload *w; long id; };
@@ -367,6 +403,7 @@ int main(int argc, char **argv) {
         else if (!strncmp(argv[i], "sleep_us=", 9)) opt_sleep_us = v;
         else if (!strncmp(argv[i], "n=", 2)) opt_n = v;
         else if (!strncmp(argv[i], "b=", 2)) opt_b = v;
+        else if (!strncmp(argv[i], "phase_ms=", 9)) opt_phase_ms = v > 0 ? v : opt_phase_ms;
     }
     for (size_t i = 0; i < sizeof workloads / sizeof *workloads; i++)
         if (!strcmp(name, workloads[i].name))
@@ -399,6 +436,7 @@ int main(int argc, char **argv) {
     }
     if (pipe(ping) || pipe(pong))
         return 1;
+    started_ns = now_ns();
     printf("cosched-ready workload=%s threads=%ld chunk=%ld\n", name, opt_threads, opt_chunk);
     static struct start starts[MAX_THREADS];
     pthread_t tid;
@@ -422,6 +460,8 @@ int main(int argc, char **argv) {
                       (unsigned long long)(now_ns() / 1000000), (unsigned long long)iters);
         if (w->reports_missed)
             p += snprintf(p, end - p, " missed=%llu", (unsigned long long)missed);
+        if (w->fn == phases_thread)
+            p += snprintf(p, end - p, " phase=%ld", phase_now());
         p += snprintf(p, end - p, " errors=%llu", (unsigned long long)errors);
         const char *sep = " hist=";
         for (int b = 0; b < HIST_BUCKETS && end - p > 32; b++)
