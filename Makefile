@@ -70,9 +70,9 @@ test: image services
 demo: image services
 	$(PY) -m testbed.demo
 
-# the full benchmark suite (about 30 minutes on 2 CPUs); results in benchmarks/results/
+# the full benchmark suite (about an hour on 2 CPUs); results in benchmarks/results/
 bench: image services
-	$(PY) -m benchmarks.suite --guests 2,4 --reps 2 --seconds 5
+	$(PY) -m benchmarks.suite --guests 2,4 --reps 2 --seconds 5 --mixed 3,4 --phases 90
 
 # a small run of the same harness: about 2 minutes (2.0 min on the 2-CPU development host, invalid runs repeated)
 bench-smoke: image services

@@ -31,10 +31,17 @@ def _mean(values):
     return mean(values) if values else None
 
 
+SCENARIOS = ("mixed", "phases")      # runs with their own tables, not normalised by one ideal
+
+
+def _sweep(res: dict) -> list[dict]:
+    return [r for r in res["runs"] if r["workload"] not in SCENARIOS]
+
+
 def invalid_runs(res: dict) -> dict[tuple, int]:
     """``{(workload, guests, mode): runs left out}``: invalid (coverage), or without a valid ideal."""
     out: dict[tuple, int] = {}
-    for r in res["runs"]:
+    for r in _sweep(res):
         if not r.get("valid", True) or (r["mode"] != "alone" and not r.get("ideal")):
             key = (r["workload"], r["guests"], r["mode"])
             out[key] = out.get(key, 0) + 1
@@ -45,7 +52,7 @@ def aggregate(res: dict) -> dict:
     """``{(workload, guests, mode): figures}`` over the valid repetitions and guests."""
     groups: dict[tuple, list[dict]] = {}
     invalid: dict[tuple, int] = {}
-    for r in res["runs"]:
+    for r in _sweep(res):
         key = (r["workload"], r["guests"], r["mode"])
         if r.get("valid", True) and (r["mode"] == "alone" or r.get("ideal")):
             groups.setdefault(key, []).append(r)
@@ -183,10 +190,135 @@ def summary(res: dict, agg: dict | None = None) -> str:
             lines += ["", f"Over all {len(errs)} groups: mean error {mean(errs):.1f} points, worst single guest "
                           f"{max(worst):.1f} points. Lost trace events: "
                           f"{sum(a['overruns'] for a in agg.values())}."]
+    lines += targets(res, agg) + mixed(res) + phases(res)
     notes = sorted({n for a in agg.values() for n in a["notes"]})
     if notes:
         lines += ["", "Notes from the daemon:"] + [f"- {n}" for n in notes]
     return "\n".join(lines) + "\n"
+
+
+def _rate(r: dict) -> float:
+    return sum(g["rate"] for g in r["per_guest"].values())
+
+
+def _ratios(res: dict, wl: str, n: int, mode: str, against) -> list[float]:
+    """Per repetition: ``mode``'s aggregate throughput over ``against(runs of that repetition)``'s,
+    valid runs only, measured in the same repetition."""
+    by_rep: dict[int, dict[str, dict]] = {}
+    for r in _sweep(res):
+        if r["workload"] == wl and r["guests"] == n and r.get("valid", True):
+            by_rep.setdefault(r["rep"], {})[r["mode"]] = r
+    out = []
+    for rep in by_rep.values():
+        base = against(rep)
+        if mode in rep and base:
+            out.append(_rate(rep[mode]) / base)
+    return out
+
+
+def targets(res: dict, agg: dict) -> list[str]:
+    """The adaptive policies against their targets, repetition by repetition."""
+    c = res["config"]
+    modes = set(c["modes"])
+    if not {"cfs", "auto"} <= modes:
+        return []
+    static = [m for m in ("cfs", "gang", "partial", "boost", "relaxed") if m in modes]
+    lines = ["", "## Adaptive policies against their targets", "",
+             "Ratios of aggregate throughput within one repetition (valid runs only); min–max over "
+             "repetitions. Targets: auto ≥ 0.95× the best static mode of that repetition; boost ≥ 2× cfs "
+             "on barrier and ≥ 0.95× cfs on blocking; relaxed ≥ 0.8× gang on barrier.", ""]
+
+    def best(rep):
+        rates = [_rate(rep[m]) for m in static if m in rep]
+        return max(rates) if rates else None
+
+    def cell(values, target):
+        if not values:
+            return "-"
+        ok = "met" if min(values) >= target else "not met"
+        return f"{min(values):.2f}–{max(values):.2f} ({ok})"
+    rows = []
+    for wl in c["workloads"]:
+        for n in c["guests"]:
+            row = [wl, str(n), cell(_ratios(res, wl, n, "auto", best), 0.95)]
+            row.append(cell(_ratios(res, wl, n, "boost", lambda rep: rep.get("cfs") and _rate(rep["cfs"])),
+                            2.0 if wl == "barrier" else 0.95) if wl in ("barrier", "blocking") else "")
+            row.append(cell(_ratios(res, wl, n, "relaxed", lambda rep: rep.get("gang") and _rate(rep["gang"])), 0.8)
+                       if wl == "barrier" else "")
+            chosen = sorted({m for r in _sweep(res) if r["workload"] == wl and r["guests"] == n and
+                             r["mode"] == "auto" for m in (r.get("modes", {}).get("end") or {}).values() if m})
+            row.append(", ".join(chosen) or "-")
+            rows.append(row)
+    return lines + _table(["workload", "guests", "auto / best static", "boost / cfs", "relaxed / gang",
+                           "auto chose"], rows)
+
+
+def mixed(res: dict) -> list[str]:
+    """Mixed hosts: each guest's throughput relative to itself alone, and the sum."""
+    runs = [r for r in res["runs"] if r["workload"] == "mixed"]
+    if not runs:
+        return []
+    lines = ["", "## Mixed hosts", "",
+             "Guests of different workloads together. Each guest's throughput relative to itself alone "
+             "(the others paused, same repetition), mean over repetitions; `sum` adds the relative "
+             "figures. Targets: auto's sum ≥ 1.15× the best single static policy's, and no guest under "
+             "0.8× what its own best static policy gives it.", ""]
+    for n in sorted({r["guests"] for r in runs}):
+        rs = [r for r in runs if r["guests"] == n and r.get("valid", True)]
+        names = list(rs[0]["guest_workloads"]) if rs else []
+        modes = list(dict.fromkeys(r["mode"] for r in rs))
+        rel: dict[str, dict[str, list[float]]] = {m: {g: [] for g in names} for m in modes}
+        for r in rs:
+            for g in names:
+                if r["alone"].get(g):
+                    rel[r["mode"]][g].append(r["per_guest"][g]["rate"] / r["alone"][g])
+        head = ["mode"] + [f"{rs[0]['guest_workloads'][g]}" for g in names] + ["sum"]
+        rows = []
+        sums = {}
+        for m in modes:
+            per = [_mean(rel[m][g]) for g in names]
+            sums[m] = sum(v for v in per if v is not None)
+            rows.append([m] + [_num(v) for v in per] + [_num(sums[m])])
+        lines += [f"{n} guests:", ""] + _table(head, rows) + [""]
+        static = [m for m in modes if m not in ("auto",)]
+        if "auto" in sums and static:
+            top = max(static, key=lambda m: sums[m])
+            worst = min((_mean(rel["auto"][g]) or 0) / max(_mean(rel[m][g]) or 0 for m in static)
+                        for g in names if any(_mean(rel[m][g]) for m in static))
+            lines += [f"auto's sum is {sums['auto'] / sums[top]:.2f}× that of the best static policy ({top}); "
+                      f"the guest auto serves worst gets {worst:.2f}× its own best static policy. Modes auto "
+                      f"chose: " + "; ".join(f"{rs[0]['guest_workloads'][g]} "
+                                            f"{', '.join(sorted({r['modes']['end'][g] for r in rs if r['mode'] == 'auto' and r['modes']['end'].get(g)}))}"
+                                            for g in names) + ".", ""]
+    return lines
+
+
+def phases(res: dict) -> list[str]:
+    """Guests changing phase: throughput per phase kind, and how long auto took to follow."""
+    runs = [r for r in res["runs"] if r["workload"] == "phases"]
+    if not runs:
+        return []
+    lines = ["", "## Phase changes", "",
+             f"Two guests alternating barrier and blocking phases of {runs[0]['phase_ms'] / 1000:g} s (guest time), "
+             "each mode for the same span. Mean throughput per complete phase (both guests). For auto, "
+             "the time from the first result line of a phase to the status showing the mode it then kept "
+             "(0: no change needed; the status is polled every 0.25 s).", ""]
+    rows = []
+    follow = []
+    for r in runs:
+        ps = [p for g in r["per_guest"].values() for p in g["phases"]]
+        row = [r["mode"]]
+        for kind in ("barrier", "blocking"):
+            rates = [p["rate"] for p in ps if p["kind"] == kind]
+            row.append(_num(_mean(rates), "{:.0f}") + f" ({len(rates)})")
+        rows.append(row)
+        if r["mode"] == "auto":
+            follow = [(p["kind"], p["mode_before"], p["mode_settled"], p["follow_s"]) for p in ps]
+    lines += _table(["mode", "barrier phases, iterations/s (phases)", "blocking phases, iterations/s (phases)"], rows)
+    if follow:
+        lines += ["", "auto, per phase: " + "; ".join(
+            f"{k}: {a}→{b} in {_num(t, '{:.1f}')} s" if a != b else f"{k}: kept {b}" for k, a, b, t in follow) + "."]
+    return lines
 
 
 def plots(res: dict, out: Path, agg: dict | None = None) -> list[Path]:

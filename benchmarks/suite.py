@@ -76,7 +76,11 @@ from testbed.daemon import DaemonProcess
 
 PREFIX = "cosched-bench-"
 WORKLOADS = ("barrier", "deadline", "spinlock", "lu", "ep", "blocking", "pingpong")
-MODES = ("batch", "cfs", "gang", "partial", "boost")
+MODES = ("batch", "cfs", "gang", "partial", "boost", "relaxed", "auto")
+STATIC = ("cfs", "gang", "partial", "boost", "relaxed")   # what auto is judged against
+AUTO_SETTLE = 8.0         # seconds for auto to measure and choose before a run
+MIXED = {3: ("blocking", "barrier", "pingpong"), 4: ("blocking", "barrier", "pingpong", "lu")}
+PHASE_MS = 20000
 REPORT_MS = 100           # guests print a result line this often
 MIN_COVERAGE = 0.9        # a run is valid when each guest's lines span 90% of its interval
 SKEW_WINDOW = 0.010       # the daemon's default sampling interval
@@ -164,7 +168,8 @@ def set_policy(name: str, preset: str) -> None:
 
 def apply_mode(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, settle: float) -> list[str]:
     """Put every guest under ``mode``'s preset, wait until the daemon has taken
-    it up, let the guests settle; return the engine's notes (e.g. boost off)."""
+    it up, let the guests settle (``auto``: long enough to choose); return the
+    engine's notes (e.g. boost off) and errors."""
     preset = "none" if mode in ("batch", "cfs") else mode
     for g in gs:
         set_policy(g.name, preset)
@@ -172,10 +177,17 @@ def apply_mode(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, settle:
     def taken_up():
         doms = {d["name"]: d for d in (daemon.status() or {}).get("domains", [])}
         return all(g.name in doms and doms[g.name]["policy"] == preset and
-                   (preset == "none" or doms[g.name].get("managed")) for g in gs)
+                   (preset in ("none", "auto") or doms[g.name].get("managed")) for g in gs)
     daemon.wait(taken_up, 10, f"guests under {preset}")
-    time.sleep(settle)
-    return sorted({c["note"] for c in daemon.status()["daemon"]["engine"]["cells"] if c.get("note")})
+    time.sleep(settle + (AUTO_SETTLE if preset == "auto" else 0.0))
+    engine = daemon.status()["daemon"]["engine"]
+    return sorted({c["note"] for c in engine["cells"] if c.get("note")} |
+                  {c["boost_failed"] for c in engine["cells"] if c.get("boost_failed")})
+
+
+def modes_now(daemon: DaemonProcess, gs: list[guests.Guest]) -> dict[str, str | None]:
+    doms = {d["name"]: d for d in (daemon.status() or {}).get("domains", [])}
+    return {g.name: (doms.get(g.name) or {}).get("mode") for g in gs}
 
 
 # -- one measurement -----------------------------------------------------------
@@ -207,7 +219,7 @@ def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: f
     with SchedTrace(set().union(*tids.values())) if tracing else nullcontext() as tracer:
         if tracer:
             time.sleep(0.5)                   # events before t0 give each thread's state at t0
-        state0 = host_state(pids)
+        state0, modes0 = host_state(pids), modes_now(daemon, gs)
         s0, c0, t0, p0 = scrape(daemon), cpu_seconds(daemon.proc.pid), time.monotonic(), proc_states(pids)
         first = {g.name: len(g.results()) for g in gs}        # counted after t0: printed inside
         if mode == "batch":
@@ -225,7 +237,7 @@ def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: f
             time.sleep(seconds)
             last = {g.name: len(g.results()) for g in gs}     # counted before t1: printed inside
         s1, c1, t1, p1 = scrape(daemon), cpu_seconds(daemon.proc.pid), time.monotonic(), proc_states(pids)
-        state1 = host_state(pids)
+        state1, modes1 = host_state(pids), modes_now(daemon, gs)
     span = sum(turns.values()) if turns else t1 - t0
     per_guest = {}
     for g in gs:
@@ -254,6 +266,7 @@ def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: f
         "daemon_cpu_pct": 100.0 * (c1 - c0) / (t1 - t0),
         "trace_overruns": tracer.overruns if tracer else None,
         "host_state": {"start": state0, "end": state1},
+        "modes": {"start": modes0, "end": modes1},
     }
 
 
@@ -347,13 +360,103 @@ def boot(name: str, workload: str, vcpus: int, img) -> guests.Guest:
     return g
 
 
+def boot_set(workloads: list[str], vcpus: int, img) -> list[guests.Guest]:
+    """Boot one guest per workload, each with the running ones paused."""
+    gs: list[guests.Guest] = []
+    with paused(gs):
+        for wl in workloads:
+            gs.append(boot(f"{PREFIX}{len(gs)}", wl, vcpus, img))
+    return gs
+
+
+def run_mixed(args, daemon, img, progress, runs) -> None:
+    """Guests of different workloads on one host: each alone (the others
+    paused), then all together under cfs, each static policy and auto."""
+    for n in args.mixed:
+        wls = MIXED[n]
+        gs = boot_set(list(wls), args.vcpus, img)
+        daemon.wait(lambda: all(daemon.domain(g.name) for g in gs), 10, "guests observed")
+        for rep in range(args.reps):
+            apply_mode(daemon, gs, "cfs", args.settle)
+            alone = {}
+            for g in gs:
+                for attempt in range(1 + args.retries):
+                    with paused([o for o in gs if o is not g]):
+                        r = measure(daemon, [g], "alone", args.seconds, False)
+                    if r["valid"]:
+                        break
+                alone[g.name] = r["per_guest"][g.name]["rate"] if r["valid"] else None
+            for mode in [m for m in args.modes if m != "batch"]:
+                notes = apply_mode(daemon, gs, mode, args.settle)
+                for attempt in range(1 + args.retries):
+                    r = measure(daemon, gs, mode, args.seconds, False)
+                    if r["valid"]:
+                        break
+                r.update(workload="mixed", guests=n, mode=mode, rep=rep, ideal=None, notes=notes,
+                         attempts=attempt + 1, alone=alone, guest_workloads={g.name: w for g, w in zip(gs, wls)})
+                runs.append(r)
+                rel = [r["per_guest"][g.name]["rate"] / alone[g.name] for g in gs if alone[g.name]]
+                progress.step(f"mixed x{n} {mode} rep {rep + 1}: " + (
+                    f"sum of relative throughputs {sum(rel):.2f}" if r["valid"] else "INVALID"))
+        guests.destroy_all(PREFIX)
+
+
+def run_phases(args, daemon, img, progress, runs) -> None:
+    """Guests alternating barrier and blocking phases, under cfs, gang, boost
+    and auto: per-phase throughput, and how long auto takes to follow."""
+    gs = boot_set([f"phases phase_ms={PHASE_MS}"] * 2, args.vcpus, img)
+    daemon.wait(lambda: all(daemon.domain(g.name) for g in gs), 10, "guests observed")
+    for mode in ("cfs", "gang", "boost", "auto"):
+        apply_mode(daemon, gs, mode, args.settle)
+        timeline = []                       # (host seconds, {guest: results so far}, {guest: mode})
+        start = time.monotonic()
+        while time.monotonic() - start < args.phases:
+            timeline.append((time.monotonic() - start, {g.name: len(g.results()) for g in gs}, modes_now(daemon, gs)))
+            time.sleep(0.25)
+        per_guest = {g.name: phase_figures(g.results(), timeline, g.name) for g in gs}
+        runs.append({"workload": "phases", "guests": len(gs), "mode": mode, "rep": 0, "valid": True,
+                     "ideal": None, "seconds": args.phases, "phase_ms": PHASE_MS, "per_guest": per_guest})
+        progress.step(f"phases {mode}: " + ", ".join(
+            f"{p['kind']} {p['rate']:.0f}/s" for p in next(iter(per_guest.values()))["phases"][:4]))
+    guests.destroy_all(PREFIX)
+
+
+def phase_figures(results: list[dict], timeline: list, name: str) -> dict:
+    """One guest's phases seen in a timeline: each complete phase's kind,
+    rate and, where the daemon changed this guest's mode during it, when."""
+    first = timeline[0][1][name]        # lines printed before the run are not its own
+    seen_at = []                        # host time by which result line first + i had appeared
+    for t, counts, _ in timeline:
+        seen_at += [t] * (counts[name] - first - len(seen_at))
+    lines = results[first:first + len(seen_at)]
+    phases, i = [], 0
+    while i < len(lines):
+        j = i
+        while j < len(lines) and lines[j]["phase"] == lines[i]["phase"]:
+            j += 1
+        if i > 0 and j < len(lines):    # complete phases only: begun and ended in the timeline
+            a, b = lines[i], lines[j - 1]
+            t0, t1 = seen_at[i], seen_at[j - 1]
+            modes = [(t, m[name]) for t, _, m in timeline if t0 <= t <= t1]
+            settled = modes[-1][1] if modes else None
+            follow = next((t - t0 for t, m in modes if m == settled), None)
+            phases.append({"kind": "barrier" if a["phase"] % 2 == 0 else "blocking",
+                           "rate": (b["iters"] - a["iters"]) * 1000.0 / max(b["t_ms"] - a["t_ms"], 1),
+                           "start_s": t0, "mode_before": (modes[0][1] if modes else None), "mode_settled": settled,
+                           "follow_s": follow if modes and modes[0][1] != settled else 0.0})
+        i = j
+    return {"phases": phases}
+
+
 def run(args) -> dict:
     img = image.build()
     services.ensure()
     guests.destroy_all(PREFIX)
     daemon = DaemonProcess(Path(tempfile.mkdtemp(prefix="cosched-bench-"))).start()
     counts = sorted(args.guests)
-    progress = Progress(len(args.workloads) * len(counts) * args.reps * (1 + len(args.modes)))
+    mixed_modes = len([m for m in args.modes if m != "batch"])
+    progress = Progress(len(args.workloads) * len(counts) * args.reps * (1 + len(args.modes))
+                        + len(args.mixed) * args.reps * mixed_modes + (4 if args.phases else 0))
     runs, alone_rates = [], {}
     try:
         for wl in args.workloads:
@@ -389,6 +492,10 @@ def run(args) -> dict:
                                          if not r["valid"] else f"{total:.1f} iterations/s" if mode == "alone" else
                                          f"{100 * total / ideal:.0f}% of ideal" if ideal else "no valid ideal"))
             guests.destroy_all(PREFIX)
+        if args.mixed:
+            run_mixed(args, daemon, img, progress, runs)
+        if args.phases:
+            run_phases(args, daemon, img, progress, runs)
     finally:
         rc = daemon.stop()
         guests.destroy_all(PREFIX)
@@ -400,7 +507,8 @@ def run(args) -> dict:
                  "cpu_model": _cpu_model()},
         "config": {"guests": counts, "vcpus": args.vcpus, "workloads": list(args.workloads),
                    "modes": list(args.modes), "seconds": args.seconds, "reps": args.reps, "truth": args.truth,
-                   "retries": args.retries, "min_coverage": MIN_COVERAGE, "report_ms": REPORT_MS},
+                   "retries": args.retries, "min_coverage": MIN_COVERAGE, "report_ms": REPORT_MS,
+                   "mixed": list(args.mixed), "phases_seconds": args.phases, "auto_settle": AUTO_SETTLE},
         "command": " ".join(["python -m benchmarks.suite", *sys.argv[1:]]),
         "ideal": {wl: sum(r) / len(r) for wl, r in alone_rates.items()},
         "runs": runs,
@@ -438,6 +546,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--retries", type=int, default=2, help="measure an invalid run again, up to this many times")
     ap.add_argument("--no-truth", dest="truth", action="store_false",
                     help="skip the kernel-trace comparison of cosched's hazard and skew")
+    ap.add_argument("--mixed", type=lambda s: [int(x) for x in s.split(",") if x], default=[],
+                    help="mixed hosts to run, by guest count (" +
+                         ", ".join(f"{k}: {'+'.join(v)}" for k, v in MIXED.items()) + ")")
+    ap.add_argument("--phases", type=float, default=0.0, metavar="SECONDS",
+                    help=f"run two guests alternating barrier and blocking ({PHASE_MS // 1000} s each) "
+                         "under cfs, gang, boost and auto for SECONDS each")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     if os.geteuid() != 0:

@@ -8,6 +8,10 @@
 3. The three guests are switched to the ``gang`` policy on the fly (``virsh
    metadata --live``): they take turns, each with all its vCPUs at once, and
    the aggregate throughput returns close to the ideal.
+4. A guest of another kind joins (its vCPUs sleep between short chunks of
+   work) and all four are switched to ``auto``: cosched measures each guest
+   and picks its mode itself, gang for the barrier guests and a
+   non-freezing mode for the sleeper; ``cosched explain`` says why.
 
 All along, the daemon's live view (``cosched status --watch``) is printed,
 with each guest's barrier throughput read from its serial console. A fourth,
@@ -53,7 +57,7 @@ def show(title: str, gs: list[guests.Guest], seconds: float, every: float = 3.0)
         print(render(cur, prev))
         for g in gs:
             tput = guests.throughput(g.results(), start_t[g.name])
-            print(f"  {g.name:<22} barrier throughput {tput:9.0f} iterations/s")
+            print(f"  {g.name:<22} throughput {tput:9.0f} iterations/s")
         print(flush=True)
         prev = cur
     return {g.name: guests.throughput(g.results(), start_t[g.name]) for g in gs}
@@ -93,6 +97,21 @@ def main() -> int:
         print("\nset <cosched:policy name=\"gang\"/> on the three guests with `virsh metadata --live`")
         time.sleep(2)
         gang = show("the same three guests under gang co-scheduling", gs, args.seconds)
+        for g in gs:
+            g.dom.suspend()                     # a busy host can starve a booting guest
+        sleeper = guests.start(PREFIX + "sleeper", workload="blocking", image=img)
+        sleeper.wait_for("cosched-result")
+        for g in gs:
+            g.dom.resume()
+        mixed = gs + [sleeper]
+        for g in mixed:
+            subprocess.run(["virsh", "-c", guests.URI, "metadata", g.name, "--uri", guests.NAMESPACE, "--key", "cosched",
+                            "--set", '<policy name="auto"/>', "--live"], check=True, capture_output=True)
+        print(f"\nadded '{sleeper.name}' (its vCPUs sleep between short chunks) and set "
+              "<cosched:policy name=\"auto\"/> on all four")
+        time.sleep(6)
+        show("a mixed host under auto: cosched picks each guest's mode", mixed, args.seconds)
+        modes = {d["name"]: d.get("mode") for d in (daemon_status() or {}).get("domains", [])}
         ideal = alone[first.name]
         print("=== summary ===")
         print(f"one guest alone (ideal):   {ideal:9.0f} iterations/s")
@@ -101,6 +120,12 @@ def main() -> int:
             print(f"{label:<26} {total:9.0f} iterations/s in all = {100 * total / ideal:.0f}% of the ideal")
         print("Under the host's scheduler one vCPU of a guest runs and spins at the barrier while its sibling")
         print("waits for a host CPU (HAZARD%). Under gang each guest's vCPUs run together (FRZ shows who waits).")
+        print("Under auto: " + ", ".join(f"{g.name} -> {modes.get(g.name)}" for g in mixed) + ". Why, for two of them:")
+        for g in (first, sleeper):
+            config = ["--config", str(daemon.config)] if daemon else []
+            explain = subprocess.run([sys.executable, "-m", "cosched", "explain", g.name, *config],
+                                     capture_output=True, text=True)
+            print(explain.stdout.rstrip() or explain.stderr.rstrip())
         print(f"The guest '{bad.name}' shows how an invalid annotation is reported (observed, not managed).")
         print("Try, with --keep: `cosched status --watch 2`, `cosched status --json`,")
         print("and `curl -s 127.0.0.1:9641/metrics | grep ^cosched_`.")

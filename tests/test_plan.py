@@ -64,9 +64,13 @@ def test_weight_scales_the_slot():
     assert slots == {"a": 150, "b": 50}
 
 
-def test_lone_member_is_not_boosted():
-    (cell,) = plan(snap(host(2), dom("a")), PlanConfig()).cells
+def test_lone_member_is_not_boosted_but_costopped_as_relaxed():
+    p = plan(snap(host(2), dom("a")), PlanConfig())
+    (cell,) = p.cells
     assert cell.members[0].priority == 0 and cell.max_stall_ms == 0
+    assert (cell.mode, cell.kind, p.mode_of("uuid-a")) == ("relaxed", "gang", "gang")
+    assert (cell.members[0].costop_ms, cell.members[0].costart_ms) == (3, 2)
+    assert sorted(p.pins().values()) == [0, 1]                   # still pinned, siblings apart
 
 
 def test_partial_packs_into_separate_cells_then_time_shares():
@@ -180,8 +184,9 @@ def test_plan_invariants(cpus, smt, guests, max_stall, reserved):
     cpus_used = [cpu for c in cells for cpu in c.cpus]
     assert len(cpus_used) == len(set(cpus_used))                 # partial cells are disjoint
     assert p.max_boosted == max(cpus - reserved, 0)                     # never more watched boosts than pool CPUs
-    assert all(len(c.members) == 1 and c.cpus == () for c in p.cells if c.mode != FREEZE)
-    relaxed = [v.cpu for c in p.cells if c.mode == "relaxed" for v in c.members[0].vcpus]
+    assert all(len(c.members) == 1 and c.cpus == () for c in p.cells if c.kind in ("boost", "relaxed"))
+    assert all(len(c.members) == 1 for c in p.cells if c.mode != FREEZE)     # lone gang/partial: co-stopped
+    relaxed = [v.cpu for c in p.cells if c.kind == "relaxed" for v in c.members[0].vcpus]
     if relaxed:                                                  # balance: CPUs evenly loaded
         load = [relaxed.count(cpu) for cpu in range(reserved, cpus)]
         assert max(load) - min(load) <= 1 and not set(relaxed) & set(cfg.reserved_cpus)

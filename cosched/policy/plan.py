@@ -38,8 +38,9 @@ Safety rules enforced here, before anything touches the host:
 * a freeze cell never keeps a guest frozen longer than ``max_stall_ms``: a
   guest whose admission would make ``cycle - own slot`` exceed it is rejected
   (observed, not managed), with the reason;
-* a cell with a single member needs no turns: it is pinned but never frozen
-  or boosted;
+* a cell with a single member has no one to take turns with: it is pinned
+  and watched as under ``relaxed`` (its leading vCPUs co-stopped), since the
+  guests it shares CPUs with run under other policies;
 * at most one member per cell is boosted at a time and cells are disjoint
   within a kind, so no more vCPUs are boosted at once than the pool has CPUs;
 * on kernels with RT group scheduling a boost needs RT runtime, granted for
@@ -271,6 +272,15 @@ def _rt_budgets(cells: list[Cell], cfg: PlanConfig) -> list[Cell]:
     return out
 
 
+def _lone_relaxed(cells: list[Cell]) -> list[Cell]:
+    """A freeze cell of one guest cannot rotate: co-stop its leaders instead."""
+    from cosched.policy.params import COSTART, COSTOP
+    return [replace(c, mode=RELAXED, members=tuple(replace(m, priority=0, rt_vcpu_us=None, boost_ms=0,
+                                                           costop_ms=COSTOP.default, costart_ms=COSTART.default)
+                                                   for m in c.members))
+            if c.mode == FREEZE and len(c.members) == 1 else c for c in cells]
+
+
 def plan(snapshot: Snapshot, cfg: PlanConfig) -> Plan:
     """The plan for every managed guest in ``snapshot``."""
     host = snapshot.host
@@ -284,4 +294,4 @@ def plan(snapshot: Snapshot, cfg: PlanConfig) -> Plan:
     cells = (_gang(by_kind["gang"], host, pool, cfg, rejected)
              + _packed("partial", by_kind["partial"], host, pool, cfg, rejected))
     watched = _watched(by_kind[BOOST] + by_kind[RELAXED], host, pool, rejected)
-    return Plan(tuple(_rt_budgets(cells, cfg)) + tuple(watched), rejected, max_boosted=len(pool))
+    return Plan(tuple(_lone_relaxed(_rt_budgets(cells, cfg))) + tuple(watched), rejected, max_boosted=len(pool))

@@ -254,11 +254,11 @@ def vcpu_tids(name: str) -> list[int]:
     return [int(t) for cg in vcpu_cgroups(name) for t in open(f"{cg}/cgroup.threads").read().split()]
 
 
-def watch_from_outside(seconds: float) -> dict:
+def watch_from_outside(seconds: float, names=NAMES) -> dict:
     """Sample, from outside the daemon, every vCPU's policy and freeze state:
     per guest, how many samples saw a vCPU under SCHED_DEADLINE, saw one frozen,
     and saw all of them frozen in two passes in a row."""
-    cgs = {n: vcpu_cgroups(n) for n in NAMES if os.path.exists(f"/run/libvirt/qemu/{n}.pid")}
+    cgs = {n: vcpu_cgroups(n) for n in names if os.path.exists(f"/run/libvirt/qemu/{n}.pid")}
     tids = {n: vcpu_tids(n) for n in cgs}
     seen = {n: {"deadline": 0, "frozen": 0, "all_frozen": 0, "policies": {t: set() for t in tids[n]}} for n in cgs}
     prev_all = {n: False for n in cgs}
@@ -370,7 +370,9 @@ def sleepers(trio, guest_image):
         g.destroy()
 
 
-def test_auto_coschedules_barrier_guests_and_leaves_sleepers_unfrozen(trio, sleepers, tmp_path):
+def test_auto_coschedules_barrier_guests_and_not_sleepers(trio, sleepers, tmp_path):
+    """auto: the barrier guests end up in gang (turns: frozen most of the time),
+    the sleepers in a mode without turns, never with both vCPUs frozen."""
     gs, _ = trio
     annotate_all(gs, '<policy name="auto"/>')
     for g in sleepers:
@@ -379,14 +381,10 @@ def test_auto_coschedules_barrier_guests_and_leaves_sleepers_unfrozen(trio, slee
     try:
         def settled():
             modes = {g.name: (daemon.domain(g.name) or {}).get("mode") for g in gs + sleepers}
-            return all(modes[g.name] in ("gang", "partial", "relaxed") for g in gs) and all(
-                modes[g.name] in ("none", "boost") for g in sleepers) and modes
+            return all(modes[g.name] in ("gang", "partial") for g in gs) and all(
+                modes[g.name] in ("none", "boost", "relaxed") for g in sleepers) and modes
         modes, took = daemon.wait(settled, 30, "auto's choices")
-        sleeper_cgs = [cg for g in sleepers for cg in vcpu_cgroups(g.name)]
-        frozen_sleeper = 0
-        seen = watch_from_outside(3.0)
-        for cg in sleeper_cgs:
-            frozen_sleeper += open(f"{cg}/cgroup.events").read().split()[-1] == "1"
+        seen = watch_from_outside(3.0, [g.name for g in gs + sleepers])
         explain = subprocess.run([sys.executable, "-m", "cosched", "explain", gs[0].name, "--config",
                                   str(daemon.config)], capture_output=True, text=True)
         log = daemon.log.read_text()
@@ -394,8 +392,11 @@ def test_auto_coschedules_barrier_guests_and_leaves_sleepers_unfrozen(trio, slee
         code = daemon.stop()
     print(f"\nauto: modes {modes} after {took:.1f} s  outside {seen}\n{explain.stdout}")
     assert code == 0
-    assert sum(seen[g.name]["frozen"] for g in gs) > 0, "no barrier guest was ever co-stopped or frozen"
-    assert frozen_sleeper == 0
+    samples = seen["samples"]
+    for g in gs:                        # in a rotation of three: frozen about two thirds of the time
+        assert seen[g.name]["all_frozen"] > samples / 3, f"{g.name} is not taking turns: {seen[g.name]}"
+    for g in sleepers:
+        assert seen[g.name]["all_frozen"] == 0, f"{g.name} had every vCPU frozen: {seen[g.name]}"
     assert explain.returncode == 0 and "scores:" in explain.stdout and modes[gs[0].name] in explain.stdout
     assert f"domain={gs[0].name} action=mode old=none new={modes[gs[0].name]}" in log
 
