@@ -110,7 +110,7 @@ def main() -> int:
         print(f"\nadded '{sleeper.name}' (its vCPUs sleep between short chunks) and set "
               "<cosched:policy name=\"auto\"/> on all four")
         time.sleep(6)
-        show("a mixed host under auto: cosched picks each guest's mode", mixed, args.seconds)
+        auto = show("a mixed host under auto: cosched picks each guest's mode", mixed, args.seconds)
         modes = {d["name"]: d.get("mode") for d in (daemon_status() or {}).get("domains", [])}
         ideal = alone[first.name]
         print("=== summary ===")
@@ -120,6 +120,9 @@ def main() -> int:
             print(f"{label:<26} {total:9.0f} iterations/s in all = {100 * total / ideal:.0f}% of the ideal")
         print("Under the host's scheduler one vCPU of a guest runs and spins at the barrier while its sibling")
         print("waits for a host CPU (HAZARD%). Under gang each guest's vCPUs run together (FRZ shows who waits).")
+        total = sum(auto[g.name] for g in gs)
+        print(f"{'three guests, auto:':<26} {total:9.0f} iterations/s in all = {100 * total / ideal:.0f}% of the ideal, "
+              f"next to the sleeper ({auto[sleeper.name]:.0f} iterations/s)")
         print("Under auto: " + ", ".join(f"{g.name} -> {modes.get(g.name)}" for g in mixed) + ". Why, for two of them:")
         for g in (first, sleeper):
             config = ["--config", str(daemon.config)] if daemon else []
