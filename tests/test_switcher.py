@@ -285,6 +285,15 @@ def test_bcs_falls_back_to_fifo_and_reports_when_no_boost_is_allowed(tmp_path):
     stats = sw.take_stats()
     assert stats.boost_failed["boost-a"].startswith("boost impossible for domain a")
     assert neither.calls == [] and stats.tallies == ()
+    # a full deadline admission (EBUSY) skips that boost only; the guest keeps boosting
+    busy = FakeSched(fail={"deadline": errno.EBUSY})
+    sw = Switcher(fs, 500 * MS, sched=busy.knob(fs), clock=clock)
+    sw.apply(watched("boost", replace(member("a"), boost_ms=2)))
+    sw.tick()
+    clock.now += POLL
+    procs.runs(100)
+    sw.tick()
+    assert busy.calls == [] and sw.take_stats().boost_failed == {}
 
 
 def test_relaxed_freezes_only_the_leader_and_release_thaws_it(tmp_path):

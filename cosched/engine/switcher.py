@@ -33,6 +33,7 @@ co-start. A watched boost is SCHED_DEADLINE (see :func:`boost_attr`).
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import select
@@ -138,6 +139,7 @@ class Counters:
     costop_ns: dict[tuple[str, int], int] = field(default_factory=dict)     # (uuid, vcpu) -> ns
     costops: dict[tuple[str, int], int] = field(default_factory=dict)
     boosts: dict[tuple[str, int], int] = field(default_factory=dict)
+    refused: int = 0                 # watched boosts the kernel's deadline admission refused
     forced_thaws: int = 0
     errors: list[str] = field(default_factory=list)
 
@@ -304,18 +306,24 @@ class Switcher:
             return True
         tid = w.plan.vcpus[i].tid
         try:
-            try:
-                self.sched.apply(tid, boost_attr(w.plan.boost_ms))
-            except OSError as e:
-                if e.errno in GONE:
-                    raise
-                self.sched.apply(tid, FALLBACK_BOOST)     # e.g. pinned to a subset: no SCHED_DEADLINE
+            self.sched.apply(tid, boost_attr(w.plan.boost_ms))
         except OSError as e:
-            if e.errno not in GONE:
-                w.boost_failed = (f"boost impossible for domain {w.plan.name}: {os.strerror(e.errno)} for "
-                                  f"SCHED_DEADLINE and SCHED_FIFO; {w.cell} runs without boosts")
-                self._error(w.boost_failed)
-            return False
+            if e.errno in GONE:
+                return False
+            if e.errno == errno.EBUSY:
+                # deadline admission control is full for now (a boost's bandwidth is
+                # only released at its zero-lag time): skip this one, not the guest
+                self.counters.refused += 1
+                return False
+            try:
+                self.sched.apply(tid, FALLBACK_BOOST)     # e.g. pinned to a subset: no SCHED_DEADLINE
+            except OSError as e2:
+                if e2.errno not in GONE:
+                    w.boost_failed = (f"boost impossible for domain {w.plan.name}: {os.strerror(e.errno)} for "
+                                      f"SCHED_DEADLINE, {os.strerror(e2.errno)} for SCHED_FIFO; "
+                                      f"{w.cell} runs without boosts")
+                    self._error(w.boost_failed)
+                return False
         st.boosted = True
         c = self.counters.boosts
         c[key[:2]] = c.get(key[:2], 0) + 1
@@ -491,6 +499,8 @@ class Switcher:
                 c[key[:2]] = c.get(key[:2], 0) + max(now - st.credited, 0)
                 st.credited = now
         c, self.counters = self.counters, Counters()
+        if c.refused:
+            log.info("action=boosts-refused count=%d reason='deadline admission control (EBUSY)'", c.refused)
         vcpus = sorted(set(c.costop_ns) | set(c.costops) | set(c.boosts))
         failed = {cell.id: cell.boost_failed for cell in self.cells.values() if cell.boost_failed}
         failed.update({w.cell: w.boost_failed for w in self.watched.values() if w.boost_failed})
