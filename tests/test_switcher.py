@@ -264,36 +264,30 @@ def test_bcs_boosts_with_sched_deadline_and_returns_to_the_recorded_attributes(t
     assert all(fs.read(f"{CG2}/machine/a/vcpu{i}/cgroup.freeze") == "0" for i in range(2))   # boost never freezes
 
 
+def first_boost(fs, procs, clock, sched: FakeSched) -> Switcher:
+    """A boost guest whose vCPU 0 runs while vCPU 1 waits for one poll: the switcher's first boost."""
+    sw = Switcher(fs, 500 * MS, sched=sched.knob(fs), clock=clock)
+    sw.apply(watched("boost", replace(member("a"), boost_ms=2)))
+    sw.tick()
+    clock.now += POLL
+    procs.runs(100)
+    sw.tick()
+    return sw
+
+
 def test_bcs_falls_back_to_fifo_and_reports_when_no_boost_is_allowed(tmp_path):
     fs, clock = tree(tmp_path), Clock()
     procs = Procs(fs, (100, 101))
     pinned = FakeSched(fail={"deadline": errno.EPERM})
-    sw = Switcher(fs, 500 * MS, sched=pinned.knob(fs), clock=clock)
-    sw.apply(watched("boost", replace(member("a"), boost_ms=2)))
-    sw.tick()
-    clock.now += POLL
-    procs.runs(100)
-    sw.tick()
+    first_boost(fs, procs, clock, pinned)
     assert pinned.attrs[101] == SchedAttr("fifo", priority=1)
     neither = FakeSched(fail={"deadline": errno.EPERM, "fifo": errno.EPERM})
-    sw = Switcher(fs, 500 * MS, sched=neither.knob(fs), clock=clock)
-    sw.apply(watched("boost", replace(member("a"), boost_ms=2)))
-    sw.tick()
-    clock.now += POLL
-    procs.runs(100)
-    sw.tick()
-    stats = sw.take_stats()
+    stats = first_boost(fs, procs, clock, neither).take_stats()
     assert stats.boost_failed["boost-a"].startswith("boost impossible for domain a")
     assert neither.calls == [] and stats.tallies == ()
     # a full deadline admission (EBUSY) skips that boost only; the guest keeps boosting
     busy = FakeSched(fail={"deadline": errno.EBUSY})
-    sw = Switcher(fs, 500 * MS, sched=busy.knob(fs), clock=clock)
-    sw.apply(watched("boost", replace(member("a"), boost_ms=2)))
-    sw.tick()
-    clock.now += POLL
-    procs.runs(100)
-    sw.tick()
-    assert busy.calls == [] and sw.take_stats().boost_failed == {}
+    assert first_boost(fs, procs, clock, busy).take_stats().boost_failed == {} and busy.calls == []
 
 
 def test_relaxed_freezes_only_the_leader_and_release_thaws_it(tmp_path):

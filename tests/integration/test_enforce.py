@@ -254,6 +254,20 @@ def vcpu_tids(name: str) -> list[int]:
     return [int(t) for cg in vcpu_cgroups(name) for t in open(f"{cg}/cgroup.threads").read().split()]
 
 
+def start_under(gs, preset: str, tmp_path) -> tuple[dict, DaemonProcess]:
+    """Annotate every guest with ``preset``, start a daemon and wait until all run in that mode;
+    return the host state from before, and the daemon."""
+    before = annotate_all(gs, f'<policy name="{preset}"/>')
+    daemon = DaemonProcess(tmp_path).start()
+    try:
+        daemon.wait(lambda: all((d := daemon.domain(g.name)) and d.get("mode") == preset for g in gs), 10,
+                    f"guests under {preset}")
+    except AssertionError:
+        daemon.stop()
+        raise
+    return before, daemon
+
+
 def watch_from_outside(seconds: float, names=NAMES) -> dict:
     """Sample, from outside the daemon, every vCPU's policy and freeze state:
     per guest, how many samples saw a vCPU under SCHED_DEADLINE, saw one frozen,
@@ -285,11 +299,8 @@ def test_boost_raises_waiting_siblings_then_restores_what_they_had(trio, tmp_pat
     os.sched_setscheduler(batch_tid, os.SCHED_BATCH, os.sched_param(0))   # a guest vCPU of the test's own
     os.setpriority(os.PRIO_PROCESS, batch_tid, 5)
     try:
-        before = annotate_all(gs, '<policy name="boost"/>')
-        daemon = DaemonProcess(tmp_path).start()
+        before, daemon = start_under(gs, "boost", tmp_path)
         try:
-            daemon.wait(lambda: all((d := daemon.domain(g.name)) and d.get("mode") == "boost" for g in gs), 10,
-                        "guests under boost")
             seen = watch_from_outside(4.0)
             rates = throughputs(gs, 4.0)
             status = daemon.status()
@@ -313,11 +324,8 @@ def test_boost_raises_waiting_siblings_then_restores_what_they_had(trio, tmp_pat
 
 def test_relaxed_costops_a_leader_never_every_sibling(trio, tmp_path):
     gs, _ = trio
-    before = annotate_all(gs, '<policy name="relaxed"/>')
-    daemon = DaemonProcess(tmp_path).start()
+    before, daemon = start_under(gs, "relaxed", tmp_path)
     try:
-        daemon.wait(lambda: all((d := daemon.domain(g.name)) and d.get("mode") == "relaxed" for g in gs), 10,
-                    "guests under relaxed")
         seen = watch_from_outside(4.0)
         status = daemon.status()
     finally:
