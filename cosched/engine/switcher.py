@@ -69,16 +69,20 @@ def boost_attr(boost_ms: float) -> SchedAttr:
     the group's period ends (up to a second without the CPU). The RT group
     check does not cover SCHED_DEADLINE, and a deadline thread's bandwidth is
     capped by the kernel itself: ``runtime`` per ``period``, here the boost
-    plus a margin for the poll, per ten times that. However many vCPUs are
-    boosted, each holds at most a tenth of a CPU, and the host's own tasks
-    keep the rest even if cosched stops answering. Two boosted threads
+    plus a margin for the poll, per a hundred times that. However many vCPUs
+    are boosted, each holds at most a hundredth of a CPU over a period, and
+    the host's own tasks keep the rest even if cosched stops answering.
+    The period is that long because admission control holds a boost's
+    bandwidth until its zero-lag time, after the boost ended: with a tenth
+    of a CPU per boost, two guests' few hundred boosts a second filled the
+    root domain and most boosts were refused (EBUSY). Two boosted threads
     queued on one CPU make the kernel push one to another CPU (deadline
     push), which is how ``boost`` co-starts siblings CFS stacked together.
     A deadline thread's affinity must span its root domain: a vCPU pinned
     to a subset of CPUs is boosted with SCHED_FIFO instead, where allowed.
     """
     runtime = int(boost_ms * 1_000_000) + BOOST_MARGIN_NS
-    return SchedAttr("deadline", runtime_ns=runtime, deadline_ns=10 * runtime, period_ns=10 * runtime)
+    return SchedAttr("deadline", runtime_ns=runtime, deadline_ns=100 * runtime, period_ns=100 * runtime)
 
 
 FALLBACK_BOOST = SchedAttr("fifo", priority=1)
