@@ -24,7 +24,7 @@ from cosched.sampler import DomainView
 class CoschedCollector:
     def __init__(self, snapshot: Callable[[], Snapshot | None], sampler_view: Callable[[], dict[str, DomainView]],
                  engine=None, health: Callable[[], dict] | None = None,
-                 modes: Callable[[], dict[str, str]] | None = None):
+                 modes: Callable[[], dict[str, str]] = dict):
         self.snapshot = snapshot
         self.sampler_view = sampler_view
         self.engine = engine
@@ -76,8 +76,7 @@ class CoschedCollector:
         plan = self.engine.plan if self.engine is not None else None
         rejected = plan.rejected if plan else {}
         stats = self.engine.stats() if self.engine is not None else None
-        modes = self.modes() if self.modes is not None else {
-            d.uuid: plan.mode_of(d.uuid) for d in (snap.domains if snap and plan else ()) if plan.cell_of(d.uuid)}
+        modes = self.modes()
         for d in snap.domains if snap else ():
             info.add_metric([d.name, d.uuid, d.policy.preset if d.policy else ""], 1)
             error.add_metric([d.name], 1 if d.error or d.uuid in rejected else 0)

@@ -68,11 +68,11 @@ def summary(snap: Snapshot | None, plan: Plan, connected: bool, paused: bool) ->
 
 
 def document(snap: Snapshot | None, views: Mapping, plan: Plan, stats, live: Mapping[tuple[str, int], dict],
-             daemon: dict, engine: dict, modes: Mapping[str, str] | None = None) -> dict:
+             daemon: dict, engine: dict, modes: Mapping[str, str] = {}) -> dict:
     """The status document.
 
     ``modes``: the mode in force per managed guest, by uuid (for ``auto``,
-    the one it chose; default: the planned one).
+    the one it chose: :meth:`cosched.daemon.Daemon.modes`).
     ``views``: the sampler's per-domain figures by uuid; ``stats``: the
     engine's :class:`~cosched.engine.EngineStats`; ``live``: per (uuid, vCPU
     index) the state read just now (``frozen``, ``sched``, ``priority``);
@@ -108,7 +108,7 @@ def document(snap: Snapshot | None, views: Mapping, plan: Plan, stats, live: Map
             "params": dict(d.policy.params) if d.policy else {},
             "error": d.error or plan.rejected.get(d.uuid),
             "managed": cell is not None,
-            "mode": (modes.get(d.uuid) if modes is not None else plan.mode_of(d.uuid)),
+            "mode": modes.get(d.uuid),
             "cell": cell.id if cell else None,
             "warnings": list(d.warnings),
             "vcpus": [{

@@ -55,6 +55,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from cosched.model import Domain, Host, Snapshot
+from cosched.policy.params import COSTART, COSTOP
 
 FREEZE, BOOST, RELAXED = "freeze", "boost", "relaxed"
 WATCHED = (BOOST, RELAXED)
@@ -165,8 +166,9 @@ def _stall_after(members_slots: list[int], slot: int) -> int:
     return sum(slots) - min(slots) if len(slots) > 1 else 0
 
 
-def _unfit(d: Domain, host: Host, mode: str, pool: list[int]) -> str | None:
-    if mode == FREEZE and not all(host.freeze_file(v) for v in d.vcpus):
+def _unfit(d: Domain, host: Host, pool: list[int]) -> str | None:
+    """Why a guest cannot be pinned one vCPU per pool CPU and frozen per vCPU (None: it can)."""
+    if not all(host.freeze_file(v) for v in d.vcpus):
         return "its vCPU threads are not (yet) in libvirt's per-vCPU cgroups, which freezing needs"
     if len(d.vcpus) > len(pool):
         return f"it has {len(d.vcpus)} vCPUs but the co-scheduling pool has {len(pool)} CPUs"
@@ -176,7 +178,7 @@ def _unfit(d: Domain, host: Host, mode: str, pool: list[int]) -> str | None:
 def _gang(domains: list[Domain], host: Host, pool: list[int], cfg: PlanConfig, rejected: dict) -> list[Cell]:
     admitted: list[Domain] = []
     for d in sorted(domains, key=lambda d: d.name):
-        reason = _unfit(d, host, FREEZE, pool)
+        reason = _unfit(d, host, pool)
         if reason is None:
             stall = _stall_after([_slot_ms(a) for a in admitted], _slot_ms(d))
             if stall > cfg.max_stall_ms:
@@ -195,11 +197,10 @@ def _gang(domains: list[Domain], host: Host, pool: list[int], cfg: PlanConfig, r
 
 def _packed(kind: str, domains: list[Domain], host: Host, pool: list[int], cfg: PlanConfig,
             rejected: dict) -> list[Cell]:
-    mode = FREEZE
     cells: list[tuple[list[int], list[Domain]]] = []
     free = list(pool)
     for d in sorted(domains, key=lambda d: (-len(d.vcpus), d.name)):
-        reason = _unfit(d, host, mode, pool)
+        reason = _unfit(d, host, pool)
         if reason:
             rejected[d.uuid] = f"not managed: {reason}"
             continue
@@ -209,7 +210,7 @@ def _packed(kind: str, domains: list[Domain], host: Host, pool: list[int], cfg: 
             free = free[k:]
             continue
         fitting = [c for c in cells if len(c[0]) >= k and
-                   (mode != FREEZE or _stall_after([_slot_ms(m) for m in c[1]], _slot_ms(d)) <= cfg.max_stall_ms)]
+                   _stall_after([_slot_ms(m) for m in c[1]], _slot_ms(d)) <= cfg.max_stall_ms]
         if not fitting:
             rejected[d.uuid] = (f"not managed: no {kind} cell of {k} CPUs has room "
                                 f"(pool {len(pool)} CPUs, max_stall_ms {cfg.max_stall_ms})")
@@ -219,7 +220,7 @@ def _packed(kind: str, domains: list[Domain], host: Host, pool: list[int], cfg: 
     for i, (cpus, ds) in enumerate(cells):
         boost = len(ds) > 1
         members = tuple(_member(d, host, tuple(cpus), boost and dict(d.policy.params)["boost"], cfg) for d in ds)
-        out.append(Cell(f"{kind}-{i}", mode, tuple(cpus), members, kind=kind))
+        out.append(Cell(f"{kind}-{i}", FREEZE, tuple(cpus), members, kind=kind))
     return out
 
 
@@ -229,7 +230,7 @@ def _watched(domains: list[Domain], host: Host, pool: list[int], rejected: dict)
     next_cpu = 0
     for d in sorted(domains, key=lambda d: d.name):
         kind, p = d.policy.kind, dict(d.policy.params)
-        reason = _unfit(d, host, FREEZE, pool) if kind == RELAXED else None
+        reason = _unfit(d, host, pool) if kind == RELAXED else None
         if reason:
             rejected[d.uuid] = f"not managed: {reason}"
             continue
@@ -274,7 +275,6 @@ def _rt_budgets(cells: list[Cell], cfg: PlanConfig) -> list[Cell]:
 
 def _lone_relaxed(cells: list[Cell]) -> list[Cell]:
     """A freeze cell of one guest cannot rotate: co-stop its leaders instead."""
-    from cosched.policy.params import COSTART, COSTOP
     return [replace(c, mode=RELAXED, members=tuple(replace(m, priority=0, rt_vcpu_us=None, boost_ms=0,
                                                            costop_ms=COSTOP.default, costart_ms=COSTART.default)
                                                    for m in c.members))
