@@ -3,6 +3,7 @@
 * ``/proc/PID/task/TID/stat``: :func:`parse_stat`, and :func:`stat_runnable_cpu`
   for the sampler's hot path (the command name sits in parentheses and may
   hold spaces and parentheses, so fields are counted from the last ``)``);
+* ``/proc/PID/task/TID/schedstat``: :func:`parse_schedstat`;
 * ``cgroup.events`` of a cgroup v2 directory: :func:`events_frozen`;
 * scheduling policy numbers (``include/uapi/linux/sched.h``): :data:`POLICIES`.
 """
@@ -59,6 +60,12 @@ def stat_runnable_cpu(raw: bytes) -> tuple[bool, int | None]:
         return fields[_STATE] == b"R", int(fields[_CPU])
     except (IndexError, ValueError):
         return False, None
+
+
+def parse_schedstat(raw: bytes) -> tuple[int, int, int]:
+    """(ns run, ns waited on a run queue, times switched in) from a raw ``schedstat`` line."""
+    run, wait, switch_ins = raw.split()[:3]
+    return int(run), int(wait), int(switch_ins)
 
 
 def events_frozen(text: str | None) -> bool | None:

@@ -50,7 +50,7 @@ from cosched.actuators.sched import SchedAttr, SchedKnob
 from cosched import logs
 from cosched.engine import protocol as pr
 from cosched.hostfs import HostFS
-from cosched.kernel import stat_runnable_cpu
+from cosched.kernel import parse_schedstat, stat_runnable_cpu
 from cosched.policy.plan import WATCHED
 from cosched.policy.watch import Bcs, Relaxed, Seen
 
@@ -106,10 +106,8 @@ class Watched:
     plan: pr.MemberPlan
     rules: object                            # policy.watch.Bcs or Relaxed
     fds: list[tuple[int, int] | None]        # (stat, schedstat) per vCPU
+    keys: tuple[tuple, ...]                  # per vCPU, as MemberState.keys (computed once: polled 2,000 times a second)
     boost_failed: str | None = None
-
-    def keys(self) -> list[tuple]:
-        return [(self.plan.uuid, v.index, v.tid, v.freeze) for v in self.plan.vcpus]
 
 
 @dataclass
@@ -145,6 +143,11 @@ class Counters:
     boosts: dict[tuple[str, int], int] = field(default_factory=dict)
     refused: int = 0                 # watched boosts the kernel's deadline admission refused
     forced_thaws: int = 0
+
+    @staticmethod
+    def add(per_vcpu: dict, key: tuple, n: int = 1) -> None:
+        """Count ``n`` for the vCPU a switcher key names (its uuid and index)."""
+        per_vcpu[key[:2]] = per_vcpu.get(key[:2], 0) + n
     errors: list[str] = field(default_factory=list)
 
 
@@ -194,8 +197,7 @@ class Switcher:
         if frozen:
             st.frozen, st.frozen_since, st.credited = True, now, now
         else:
-            c = self.counters.costop_ns
-            c[key[:2]] = c.get(key[:2], 0) + max(now - st.credited, 0)
+            self.counters.add(self.counters.costop_ns, key, max(now - st.credited, 0))
             st.frozen = False
 
     def _grant(self, cells: dict[str, CellState]) -> None:
@@ -279,11 +281,11 @@ class Switcher:
             except OSError:
                 fds.append(None)                       # gone: discovery will notice
         log.info("domain=%s action=watch mode=%s", m.name, cell.mode)
-        return Watched(cell.id, m, rules, fds)
+        return Watched(cell.id, m, rules, fds, tuple(MemberState(m).keys()))
 
     def _unwatch(self, w: Watched, now: int) -> None:
         """Stop watching: thaw and unboost its vCPUs, close its descriptors."""
-        for k in w.keys():
+        for k in w.keys:
             if k in self.vinfo:
                 self._freeze(k, False, now)
                 self._unboost(k)
@@ -298,13 +300,13 @@ class Switcher:
             return None
         try:
             runnable, cpu = stat_runnable_cpu(os.pread(pair[0], 1024, 0))
-            run, _, picks = os.pread(pair[1], 128, 0).split()[:3]
-            return Seen(runnable, cpu, int(run), int(picks))
+            run, _, switch_ins = parse_schedstat(os.pread(pair[1], 128, 0))
+            return Seen(runnable, cpu, run, switch_ins)
         except (OSError, ValueError):
             return None
 
     def _boost_watched(self, w: Watched, i: int) -> bool:
-        key = w.keys()[i]
+        key = w.keys[i]
         st = self.vstate.setdefault(key, VState())
         if st.boosted:
             return True
@@ -329,23 +331,22 @@ class Switcher:
                     self._error(w.boost_failed)
                 return False
         st.boosted = True
-        c = self.counters.boosts
-        c[key[:2]] = c.get(key[:2], 0) + 1
+        self.counters.add(self.counters.boosts, key)
         return True
 
     def poll(self, now: int) -> None:
         """One look at every watched vCPU, and the rules' answer carried out."""
-        keys = {k for w in self.watched.values() for k in w.keys()}
-        room = self.max_boosted - sum(1 for k in keys if self.vstate.get(k, VState()).boosted)
+        room = self.max_boosted - sum(1 for w in self.watched.values() for k in w.keys
+                                      if k in self.vstate and self.vstate[k].boosted)
         for w in self.watched.values():
             seen = [self._see(pair) for pair in w.fds]
             if not seen or any(s is None for s in seen):
                 continue
-            keys = w.keys()
+            keys = w.keys
             rules = w.rules
             if isinstance(rules, Relaxed):      # a forced thaw ends a co-stop too
                 for v, k in zip(rules.vcpus, keys):
-                    v.frozen = self.vstate.get(k, VState()).frozen
+                    v.frozen = k in self.vstate and self.vstate[k].frozen
             acts = rules.step(now, seen, 0 if w.boost_failed else max(room, 0))
             for i in acts.unboost:
                 self._unboost(keys[i])
@@ -355,8 +356,7 @@ class Switcher:
             for i in acts.freeze:
                 self._freeze(keys[i], True, now)
                 if self.vstate[keys[i]].frozen:
-                    c = self.counters.costops
-                    c[keys[i][:2]] = c.get(keys[i][:2], 0) + 1
+                    self.counters.add(self.counters.costops, keys[i])
             for i in acts.boost:
                 if self._boost_watched(w, i):
                     room -= 1
@@ -382,7 +382,7 @@ class Switcher:
                     if prev is not None:
                         self._unwatch(prev, now)
                     watched[m.uuid] = self._watch(c, m)
-                    for v, k in zip(m.vcpus, watched[m.uuid].keys()):
+                    for v, k in zip(m.vcpus, watched[m.uuid].keys):
                         self.vinfo[k] = (m.name, v)
                 continue
             members = [MemberState(m) for m in c.members]
@@ -401,7 +401,7 @@ class Switcher:
         for w in self.watched.values():
             self._unwatch(w, now)
         wanted = {k for c in cells.values() for m in c.members for k in m.keys()}
-        wanted |= {k for w in watched.values() for k in w.keys()}
+        wanted |= {k for w in watched.values() for k in w.keys}
         self._release([k for k in self.vinfo if k not in wanted], now)
         self.cells, self.watched, self.max_boosted = cells, watched, msg.max_boosted
         self.next_poll = (self.next_poll or now) if watched else None
@@ -499,8 +499,7 @@ class Switcher:
         now = self.clock()
         for key, st in self.vstate.items():
             if st.frozen:
-                c = self.counters.costop_ns
-                c[key[:2]] = c.get(key[:2], 0) + max(now - st.credited, 0)
+                self.counters.add(self.counters.costop_ns, key, max(now - st.credited, 0))
                 st.credited = now
         c, self.counters = self.counters, Counters()
         if c.refused:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from cosched.hostfs import HostFS
-from cosched.kernel import stat_runnable_cpu
+from cosched.kernel import parse_schedstat, stat_runnable_cpu
 from cosched.model import Snapshot
 from cosched.histogram import Histogram
 from cosched.sampler.estimate import VcpuCarry, estimate, place
@@ -77,8 +77,7 @@ class DomainView:
 
 def read_schedstat(fd: int) -> tuple[int, int]:
     """(run ns, wait ns) from an open ``schedstat`` descriptor."""
-    fields = os.pread(fd, 128, 0).split()
-    return int(fields[0]), int(fields[1])
+    return parse_schedstat(os.pread(fd, 128, 0))[:2]
 
 
 def read_state(fd: int | None) -> tuple[bool, int | None]:
