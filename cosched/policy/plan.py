@@ -26,9 +26,10 @@ cores before SMT siblings.
     CPUs, each guest starting where the previous one ended, so every CPU
     holds about as many of their vCPUs. Host CFS keeps siblings that wake
     each other on one CPU, where co-stopping the leader only makes them take
-    turns (measured: 2-vCPU barrier guests on 2 CPUs, 0-2% of samples with
-    siblings apart, about 5,000 crossings/s for two guests; balanced, about
-    25,000; gang 58,000). A guest with more vCPUs than the pool is rejected.
+    turns (one probe on the development host, not in the kept benchmark:
+    two 2-vCPU barrier guests on 2 CPUs, siblings apart in 0-2% of samples,
+    about 5,000 crossings/s in all; balanced, about 25,000; gang 58,000).
+    A guest with more vCPUs than the pool is rejected.
     ``boost`` guests are not pinned: a SCHED_DEADLINE boost needs the
     thread's affinity to span every CPU, and the kernel's deadline push is
     what moves a boosted sibling off its sibling's CPU.
