@@ -76,6 +76,7 @@ def aggregate(res: dict) -> dict:
             "trace_hazard": _mean([g["trace"]["hazard"] for g in gs if g.get("trace")]),
             "skew_ms": _mean([g["skew_mean_ms"] for g in gs]),
             "trace_skew_ms": _mean([g["trace"]["skew_mean_ms"] for g in gs if g.get("trace")]),
+            "reconstructed": _mean([g["trace"].get("reconstructed") for g in gs if g.get("trace")]),
             "truth_err_pp": _mean(errors),
             "truth_err_max_pp": max(errors) if errors else None,
             "cpu_pct": _mean([r["daemon_cpu_pct"] for r in rs]),
@@ -173,19 +174,22 @@ def summary(res: dict, agg: dict | None = None) -> str:
     lines += _table(["mode", "daemon CPU %", "switch p50 ms", "switch p99 ms", "slot lateness p99 ms"], rows)
     if c.get("truth"):
         lines += ["", "## Metric truth: cosched against kernel traces", "",
-                  "For every run but batch, the kernel's sched_switch/sched_wakeup events of the vCPU "
-                  "threads were recorded over the same interval and turned into the exact hazard "
-                  "fraction and 10 ms window skew. Error: |cosched − trace| in percentage points, mean "
-                  f"and worst over guests (target: within {TRUTH_TARGET_PP:g} points).", ""]
+                  "For every run but batch, the kernel's scheduler events of the vCPU threads "
+                  "(switches, wake-ups, run-time ticks) and the freezes and thaws of their cgroups were "
+                  "recorded over the same interval and turned into the exact hazard fraction and 10 ms "
+                  "window skew (lag = waiting or frozen, as cosched counts it). Error: |cosched − trace| "
+                  f"in percentage points, mean and worst over guests (target: within {TRUTH_TARGET_PP:g} "
+                  "points). Reconstructed: the share of the threads' time whose state no event showed "
+                  "(implied by a later event, or read from /proc for a thread without events).", ""]
         rows = []
         for (wl, n, m), a in sorted(agg.items(), key=lambda kv: (wls.index(kv[0][0]), kv[0][1], kv[0][2])):
             if a["trace_hazard"] is None:
                 continue
             rows.append([wl, str(n), m, _pct(a["hazard"], 1), _pct(a["trace_hazard"], 1),
                          _num(a["truth_err_pp"], "{:.1f}"), _num(a["truth_err_max_pp"], "{:.1f}"),
-                         _num(a["skew_ms"]), _num(a["trace_skew_ms"])])
+                         _num(a["skew_ms"]), _num(a["trace_skew_ms"]), _pct(a["reconstructed"], 1)])
         lines += _table(["workload", "guests", "mode", "hazard (cosched)", "hazard (trace)", "error pp",
-                         "worst pp", "skew ms (cosched)", "skew ms (trace)"], rows)
+                         "worst pp", "skew ms (cosched)", "skew ms (trace)", "reconstructed"], rows)
         errs = [a["truth_err_pp"] for a in agg.values() if a["truth_err_pp"] is not None]
         worst = [a["truth_err_max_pp"] for a in agg.values() if a["truth_err_max_pp"] is not None]
         if errs:

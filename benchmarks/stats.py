@@ -8,7 +8,10 @@ events for the vCPU threads and turns them into per-thread state timelines
 exactly, the same quantities cosched estimates from 10 ms schedstat windows:
 concurrency hazard (some vCPU of the guest runs while a sibling is runnable
 but waiting), partial contention (some vCPU waits while none runs), and
-:func:`window_skews` the per-window skew.
+:func:`window_skews` the per-window skew, with cosched's definition of lag
+(waiting or frozen, contracts §4): the trace also records when each vCPU's
+cgroup is frozen and thawed, so a co-stopped vCPU is told from a sleeping one.
+:func:`reconstructed` says how much of a timeline was not seen in events.
 
 Iteration times come from the guests as log-linear histograms (see
 ``testbed/workloads/guest-init.c``); :func:`hist_cdf` and
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-RUNNING, RUNNABLE, SLEEPING = "running", "runnable", "sleeping"
+RUNNING, RUNNABLE, SLEEPING, FROZEN = "running", "runnable", "sleeping", "frozen"
 
 
 def jain(values: list[float]) -> float:
@@ -78,8 +81,10 @@ def hist_quantile(hist: dict[int, int], q: float) -> float | None:
 class Event:
     """One scheduler event for a thread.
 
-    ``kind``: ``in`` (switched onto a CPU), ``out-runnable`` (preempted, still
-    runnable), ``out-sleep`` (blocked, halted or frozen), ``wakeup``.
+    ``kind``: ``in`` (switched onto a CPU), ``tick`` (seen running: the
+    kernel accounted run time to it), ``out-runnable`` (preempted, still
+    runnable), ``out-sleep`` (blocked, halted or frozen), ``wakeup``;
+    ``freeze`` and ``thaw`` (its cgroup, or an ancestor, was frozen or thawed).
     """
 
     t: float
@@ -87,8 +92,9 @@ class Event:
     kind: str
 
 
-_AFTER = {"in": RUNNING, "out-runnable": RUNNABLE, "out-sleep": SLEEPING, "wakeup": RUNNABLE}
-_BEFORE = {"in": RUNNABLE, "out-runnable": RUNNING, "out-sleep": RUNNING, "wakeup": SLEEPING}
+_AFTER = {"in": RUNNING, "tick": RUNNING, "out-runnable": RUNNABLE, "out-sleep": SLEEPING, "wakeup": RUNNABLE}
+_BEFORE = {"in": RUNNABLE, "tick": RUNNING, "out-runnable": RUNNING, "out-sleep": RUNNING, "wakeup": SLEEPING}
+_FREEZE = {"freeze": True, "thaw": False}
 
 
 def states_at(events: list[Event], tids: set[int], t0: float, silent: dict[int, str] | None = None) -> dict[int, str]:
@@ -96,35 +102,68 @@ def states_at(events: list[Event], tids: set[int], t0: float, silent: dict[int, 
     implied by its first event after (a thread switched in was waiting, one
     switched out was running, one woken was asleep). A thread with no event
     at all kept one state throughout, which the trace cannot tell: it is
-    taken from ``silent`` (e.g. read from /proc), else sleeping."""
-    state: dict[int, str] = {}
+    taken from ``silent`` (e.g. read from /proc), else sleeping. Whether
+    it was frozen is :func:`frozen_at`'s."""
+    return _at(events, tids, t0, _AFTER, _BEFORE, silent or {}, SLEEPING)
+
+
+def frozen_at(events: list[Event], tids: set[int], t0: float) -> dict[int, bool]:
+    """Whether each thread's cgroup was frozen at ``t0``, as :func:`states_at`
+    finds its state: a thread thawed first was frozen before."""
+    return _at(events, tids, t0, _FREEZE, {"freeze": False, "thaw": True}, {}, False)
+
+
+def _at(events, tids, t0, after, before, silent, default):
+    state: dict = {}
     for e in sorted(events, key=lambda e: e.t):
-        if e.tid not in tids:
+        if e.tid not in tids or e.kind not in after:
             continue
         if e.t <= t0:
             if not (e.kind == "wakeup" and state.get(e.tid) == RUNNING):
-                state[e.tid] = _AFTER[e.kind]
+                state[e.tid] = after[e.kind]
         elif e.tid not in state:
-            state[e.tid] = _BEFORE[e.kind]
-    silent = silent or {}
-    return {tid: state.get(tid, silent.get(tid, SLEEPING)) for tid in tids}
+            state[e.tid] = before[e.kind]
+    return {tid: state.get(tid, silent.get(tid, default)) for tid in tids}
 
 
-def timelines(events: list[Event], start: dict[int, str], t0: float, t1: float) -> dict[int, list[tuple[float, float, str]]]:
+def reconstructed(events: list[Event], tids: set[int], t0: float, t1: float) -> dict[int, float]:
+    """Per thread, the seconds of ``[t0, t1]`` whose state no event showed:
+    from ``t0`` to its first event when none came before ``t0`` (implied by
+    that event), the whole window when it has none (read from /proc)."""
+    seen_before = {e.tid for e in events if e.t <= t0 and e.kind in _AFTER}
+    first = {}
+    for e in events:
+        if e.kind in _AFTER and t0 < e.t <= t1:
+            first[e.tid] = min(first.get(e.tid, t1), e.t)
+    return {tid: 0.0 if tid in seen_before else first.get(tid, t1) - t0 for tid in tids}
+
+
+def timelines(events: list[Event], start: dict[int, str], t0: float, t1: float,
+              frozen: dict[int, bool] | None = None) -> dict[int, list[tuple[float, float, str]]]:
     """Per thread, ``(begin, end, state)`` intervals covering ``[t0, t1]``.
 
-    ``start`` gives each thread's state at ``t0``; events outside the window
-    are ignored.
+    ``start`` gives each thread's state at ``t0`` and ``frozen`` whether its
+    cgroup was frozen then; events outside the window are ignored. A thread
+    not running while its cgroup is frozen is ``FROZEN`` (co-stopped), not
+    waiting or sleeping; one still running (it stops on its way back to
+    user space) is running.
     """
     out: dict[int, list[tuple[float, float, str]]] = {}
-    state = dict(start)
+    base = dict(start)
+    cold = {tid: bool((frozen or {}).get(tid)) for tid in start}
+
+    def shown(tid):
+        return FROZEN if cold[tid] and base[tid] != RUNNING else base[tid]
+    state = {tid: shown(tid) for tid in start}
     since = {tid: t0 for tid in start}
     for e in sorted(events, key=lambda e: e.t):
         if e.tid not in state or not t0 <= e.t <= t1:
             continue
-        new = _AFTER[e.kind]
-        if e.kind == "wakeup" and state[e.tid] == RUNNING:
-            continue                      # a wakeup of a running thread changes nothing
+        if e.kind in _FREEZE:
+            cold[e.tid] = _FREEZE[e.kind]
+        elif not (e.kind == "wakeup" and base[e.tid] == RUNNING):   # waking a running thread changes nothing
+            base[e.tid] = _AFTER[e.kind]
+        new = shown(e.tid)
         if new != state[e.tid]:
             if e.t > since[e.tid]:
                 out.setdefault(e.tid, []).append((since[e.tid], e.t, state[e.tid]))
@@ -135,7 +174,7 @@ def timelines(events: list[Event], start: dict[int, str], t0: float, t1: float) 
 
 
 def trace_figures(lines: dict[int, list[tuple[float, float, str]]]) -> dict:
-    """Exact hazard, partial-contention and per-thread run/wait time of one guest's vCPUs.
+    """Exact hazard, partial-contention and per-thread run, wait and frozen time of one guest's vCPUs.
 
     One sweep over every state change of every thread, in time order.
     """
@@ -145,6 +184,7 @@ def trace_figures(lines: dict[int, list[tuple[float, float, str]]]) -> dict:
     hazard = partial = 0.0
     run = {tid: 0.0 for tid in lines}
     wait = {tid: 0.0 for tid in lines}
+    frozen = {tid: 0.0 for tid in lines}
     state: dict[int, str] = {}
     for (t, tid, s), nxt in zip(changes, changes[1:] + [(end, None, None)]):
         state[tid] = s
@@ -159,26 +199,25 @@ def trace_figures(lines: dict[int, list[tuple[float, float, str]]]) -> dict:
             elif st == RUNNABLE:
                 waiting += 1
                 wait[k] += dt
+            elif st == FROZEN:
+                frozen[k] += dt
         if running and waiting:
             hazard += dt
         elif waiting:
             partial += dt
-    return {"hazard": hazard, "partial": partial, "run": run, "wait": wait}
+    return {"hazard": hazard, "partial": partial, "run": run, "wait": wait, "frozen": frozen}
 
 
 def window_skews(lines: dict[int, list[tuple[float, float, str]]], t0: float, t1: float, width: float) -> list[float]:
     """Per window of ``width`` seconds in ``[t0, t1)``: the largest difference
-    between two threads' lag, lag being the time a thread did not run
-    (waiting, or blocked: the frozen or descheduled time of a busy vCPU).
-
-    cosched's skew uses wait + costop; for guests whose vCPUs never idle, as
-    in the spin workloads, the two are the same quantity.
-    """
-    n = int((t1 - t0) / width)
+    between two threads' lag, lag being the time a thread waited or was
+    frozen (cosched's wait + costop). Sleeping is not lag: an idle vCPU
+    does not fall behind."""
+    n = int((t1 - t0) / width + 1e-9)        # whole windows (and not one fewer for a rounding error)
     lags = {tid: [0.0] * n for tid in lines}
     for tid, iv in lines.items():
         for b, e, s in iv:
-            if s == RUNNING:
+            if s not in (RUNNABLE, FROZEN):
                 continue
             k = max(int((b - t0) / width), 0)
             while k < n and t0 + k * width < e:

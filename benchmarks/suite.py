@@ -68,8 +68,8 @@ import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks import report
-from benchmarks.stats import (RUNNABLE, RUNNING, SLEEPING, hist_delta, states_at, timelines, trace_figures,
-                              window_skews)
+from benchmarks.stats import (RUNNABLE, RUNNING, SLEEPING, frozen_at, hist_delta, reconstructed, states_at,
+                              timelines, trace_figures, window_skews)
 from benchmarks.trace import SchedTrace
 from testbed import guests, image, services
 from testbed.daemon import DaemonProcess
@@ -216,7 +216,8 @@ def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: f
             pids.update({v["tid"]: d["pid"] for v in d["vcpus"]})
     tracing = truth and mode != "batch"
     turns: dict[str, float] = {}     # batch: each guest's turn, resume to suspend
-    with SchedTrace(set().union(*tids.values())) if tracing else nullcontext() as tracer:
+    cgroups = {tid: v2_cgroup(pid, tid) for tid, pid in pids.items()} if tracing else {}
+    with SchedTrace(set().union(*tids.values()), cgroups) if tracing else nullcontext() as tracer:
         if tracer:
             time.sleep(0.5)                   # events before t0 give each thread's state at t0
         state0, modes0 = host_state(pids), modes_now(daemon, gs)
@@ -289,6 +290,18 @@ def proc_states(pids: dict[int, int]) -> dict[int, tuple[bool, int]]:
     return out
 
 
+def v2_cgroup(pid: int, tid: int) -> str | None:
+    """The thread's cgroup v2 path, None when it is gone."""
+    try:
+        return _v2_path(_task(pid, tid, "cgroup").split())
+    except OSError:
+        return None
+
+
+def _v2_path(cgroup_lines: list[str]) -> str | None:
+    return next((c[3:] for c in cgroup_lines if c.startswith("0::")), None)
+
+
 def host_state(pids: dict[int, int]) -> dict[str, dict]:
     """Each vCPU thread's affinity, scheduling policy and priority, and cgroups
     (every hierarchy, with its v2 ``cgroup.freeze``), keyed by TID."""
@@ -303,7 +316,7 @@ def host_state(pids: dict[int, int]) -> dict[str, dict]:
         except (OSError, ValueError):
             continue
         m = re.search(r"^Cpus_allowed_list:\s*(\S+)", status, re.M)
-        v2_path = next((c[3:] for c in cgroups if c.startswith("0::")), None)
+        v2_path = _v2_path(cgroups)
         freeze = None
         if v2_path:
             try:
@@ -316,9 +329,10 @@ def host_state(pids: dict[int, int]) -> dict[str, dict]:
 
 
 def silent_states(before: dict, after: dict, span: float) -> dict[int, str]:
-    """The state of threads the trace may say nothing about: runnable at both
-    ends and run for most of the span means running, runnable with no run
-    time means waiting, anything else sleeping."""
+    """The state of threads the trace may say nothing about (a running one
+    shows in its ticks, so this is for waiting or sleeping ones): runnable
+    at both ends and run for most of the span means running, runnable with
+    no run time means waiting, anything else sleeping."""
     out = {}
     for tid, (r0, run0) in before.items():
         r1, run1 = after.get(tid, (False, run0))
@@ -330,14 +344,18 @@ def silent_states(before: dict, after: dict, span: float) -> dict[int, str]:
 
 
 def truth_figures(events, tids: set[int], t0: float, t1: float, silent: dict[int, str]) -> dict:
-    """Exact hazard fraction and mean window skew of one guest from a trace."""
-    lines = timelines(events, states_at(events, tids, t0, silent), t0, t1)
+    """Exact hazard fraction and mean window skew of one guest from a trace,
+    and ``reconstructed``: the share of its threads' time over the interval
+    whose state no event showed (implied by a later event, or read from
+    /proc for a thread with none)."""
+    lines = timelines(events, states_at(events, tids, t0, silent), t0, t1, frozen_at(events, tids, t0))
     f = trace_figures(lines)
     skews = window_skews(lines, t0, t1, SKEW_WINDOW)
     span = t1 - t0
     return {"hazard": f["hazard"] / span, "partial": f["partial"] / span,
-            "run": {t: r / span for t, r in f["run"].items()}, "wait": {t: w / span for t, w in f["wait"].items()},
+            **{k: {t: v / span for t, v in f[k].items()} for k in ("run", "wait", "frozen")},
             "skew_mean_ms": 1000 * sum(skews) / len(skews) if skews else None,
+            "reconstructed": sum(reconstructed(events, tids, t0, t1).values()) / (span * len(tids)),
             "events": sum(1 for e in events if e.tid in tids)}
 
 

@@ -1,4 +1,4 @@
-"""Record the kernel's ``sched_switch`` and ``sched_wakeup`` events for chosen threads.
+"""Record the kernel's scheduler and cgroup-freeze events for chosen threads.
 
 The metric-truth benchmark uses this to compute, exactly, what cosched
 estimates from schedstat samples. It works through tracefs in a private
@@ -9,8 +9,13 @@ disturbs another user of the global trace buffer:
   (and unmounted again afterwards);
 * the instance's clock is ``mono``, so event times are ``CLOCK_MONOTONIC``
   seconds, the clock of ``time.monotonic()``;
-* event filters keep the given threads (``prev_pid``/``next_pid`` for
-  switches, ``pid`` for wake-ups) and every switch to or from the idle task
+* events: ``sched_switch``, ``sched_wakeup``, ``sched_stat_runtime`` (run
+  time accounted to the current task at every tick, so a thread that runs
+  a whole interval without a switch is still seen running), and
+  ``cgroup_freeze``/``cgroup_unfreeze`` (so a co-stopped vCPU is told from a
+  sleeping one);
+* filters keep the given threads (``prev_pid``/``next_pid`` for
+  switches, ``pid`` otherwise) and every switch to or from the idle task
   (which :func:`parse` needs), and the per-CPU buffer is large enough for
   tens of seconds of busy vCPUs; the overrun count is reported so a lossy
   trace is never taken for a true one.
@@ -27,13 +32,25 @@ from pathlib import Path
 from benchmarks.stats import Event
 
 INSTANCE = "cosched-bench"
-_LINE = re.compile(r"^\s*(.*?)-(\d+)\s+\[(\d+)\]\s+\S+\s+(\d+\.\d+): (sched_switch|sched_wakeup): (.*)$")
+_LINE = re.compile(r"^\s*(.*?)-(\d+)\s+\[(\d+)\]\s+\S+\s+(\d+\.\d+): "
+                   r"(sched_switch|sched_wakeup|sched_stat_runtime|cgroup_freeze|cgroup_unfreeze): (.*)$")
 _SWITCH = re.compile(r"prev_pid=(\d+) prev_prio=-?\d+ prev_state=(\S+) ==> .*next_pid=(\d+) next_prio=")
 _WAKEUP = re.compile(r"(?:^|\s)pid=(\d+) prio=")
+_RUNTIME = re.compile(r"(?:^|\s)pid=(\d+) runtime=")
+_CGROUP = re.compile(r"^root=0 id=\d+ level=\d+ path=(\S+)")      # root 0: the v2 hierarchy
+SCHED_EVENTS = ("sched_switch", "sched_wakeup", "sched_stat_runtime")
+CGROUP_EVENTS = ("cgroup_freeze", "cgroup_unfreeze")
 
 
-def parse(text: str, tids: set[int]) -> list[Event]:
+def parse(text: str, tids: set[int], cgroups: dict[int, str] | None = None) -> list[Event]:
     """Events of ``tids`` from tracefs text output (``trace_clock`` seconds).
+
+    ``cgroups`` maps each thread to its v2 cgroup path (as in
+    ``/proc/TID/cgroup``); freezing or thawing that cgroup or an ancestor
+    becomes a ``freeze`` or ``thaw`` event of the thread when it changes
+    whether the thread is frozen. ``sched_stat_runtime`` of a thread on its
+    own CPU is a ``tick`` (it was running); one raised from another task
+    (a remote read of its run time) says nothing and is skipped.
 
     A switch away from a thread whose ``prev_state`` is ``R`` or ``R+``
     (preempted) leaves it runnable; any other state (sleeping, halted,
@@ -53,6 +70,12 @@ def parse(text: str, tids: set[int]) -> list[Event]:
     idle_since: dict[int, float] = {}   # cpu -> when it switched to idle
     off: dict[int, float] = {}          # tid -> when it last became runnable, or else left its CPU
     running: set[int] = set()
+    cgroups = cgroups or {}
+    frozen_paths: set[str] = set()
+
+    def frozen(tid: int) -> bool:
+        path = cgroups.get(tid, "")
+        return any(path == p or path.startswith(p.rstrip("/") + "/") for p in frozen_paths)
 
     def switch_in(t: float, tid: int) -> None:
         out.append(Event(t, tid, "in"))
@@ -63,6 +86,14 @@ def parse(text: str, tids: set[int]) -> list[Event]:
         if not m:
             continue
         pid, cpu, t, kind, rest = int(m.group(2)), int(m.group(3)), float(m.group(4)), m.group(5), m.group(6)
+        if kind in CGROUP_EVENTS:
+            c = _CGROUP.search(rest)
+            if c:
+                was = {tid: frozen(tid) for tid in cgroups}
+                (frozen_paths.add if kind == "cgroup_freeze" else frozen_paths.discard)(c.group(1))
+                out.extend(Event(t, tid, "freeze" if frozen(tid) else "thaw")
+                           for tid in sorted(cgroups) if tid in tids and frozen(tid) != was[tid])
+            continue
         if curr.get(cpu) != pid:
             if pid in tids and pid not in running:
                 since = off.get(pid, t)
@@ -83,6 +114,10 @@ def parse(text: str, tids: set[int]) -> list[Event]:
             curr[cpu] = nxt
             if nxt == 0:
                 idle_since[cpu] = t
+        elif kind == "sched_stat_runtime":
+            r = _RUNTIME.search(rest)
+            if r and int(r.group(1)) == pid and pid in tids:
+                out.append(Event(t, pid, "tick"))
         else:
             w = _WAKEUP.search(rest)
             tid = int(w.group(1)) if w else -1
@@ -102,15 +137,21 @@ def tracefs_root() -> Path | None:
 
 
 class SchedTrace:
-    """``with SchedTrace(tids) as t: ...`` records; then ``t.events`` and ``t.overruns``."""
+    """``with SchedTrace(tids, cgroups) as t: ...`` records; then ``t.events``
+    and ``t.overruns``. ``cgroups``: each thread's v2 cgroup path (see :func:`parse`)."""
 
-    def __init__(self, tids: set[int], buffer_kb: int = 65536):
+    def __init__(self, tids: set[int], cgroups: dict[int, str] | None = None, buffer_kb: int = 65536):
         self.tids = set(tids)
+        self.cgroups = dict(cgroups or {})
         self.buffer_kb = buffer_kb
         self.events: list[Event] = []
         self.overruns = 0
         self._mounted: Path | None = None
         self.dir: Path | None = None
+
+    @staticmethod
+    def _events() -> list[str]:
+        return [f"sched/{e}" for e in SCHED_EVENTS] + [f"cgroup/{e}" for e in CGROUP_EVENTS]
 
     def _write(self, rel: str, value: str) -> None:
         (self.dir / rel).write_text(value)
@@ -130,9 +171,10 @@ class SchedTrace:
         self._write("buffer_size_kb", str(self.buffer_kb))
         self._write("events/sched/sched_switch/filter",
                     " || ".join(f"prev_pid == {t} || next_pid == {t}" for t in [0, *ids]))
-        self._write("events/sched/sched_wakeup/filter", " || ".join(f"pid == {t}" for t in ids))
-        self._write("events/sched/sched_switch/enable", "1")
-        self._write("events/sched/sched_wakeup/enable", "1")
+        for ev in SCHED_EVENTS[1:]:
+            self._write(f"events/sched/{ev}/filter", " || ".join(f"pid == {t}" for t in ids))
+        for ev in self._events():
+            self._write(f"events/{ev}/enable", "1")
         self._write("tracing_on", "1")
         return self
 
@@ -140,13 +182,13 @@ class SchedTrace:
         try:
             self._write("tracing_on", "0")
             if exc[0] is None:
-                self.events = parse((self.dir / "trace").read_text(), self.tids)
+                self.events = parse((self.dir / "trace").read_text(), self.tids, self.cgroups)
                 self.overruns = sum(
                     int(m.group(1)) for stats in self.dir.glob("per_cpu/cpu*/stats")
                     for m in [re.search(r"^overrun: (\d+)", stats.read_text(), re.M)] if m)
         finally:
-            for ev in ("sched_switch", "sched_wakeup"):
-                self._write(f"events/sched/{ev}/enable", "0")
+            for ev in self._events():
+                self._write(f"events/{ev}/enable", "0")
             os.rmdir(self.dir)
             if self._mounted is not None:
                 subprocess.run(["umount", str(self._mounted)], check=False)

@@ -2,7 +2,7 @@
 import pytest
 
 from benchmarks.suite import quantile
-from benchmarks.stats import (RUNNABLE, RUNNING, SLEEPING, Event, cdf, hist_add, hist_bounds, hist_cdf, hist_delta,
+from benchmarks.stats import (FROZEN, RUNNABLE, RUNNING, SLEEPING, Event, cdf, hist_add, hist_bounds, hist_cdf, hist_delta,
                               hist_quantile, jain, of_ideal, timelines, trace_figures, window_skews)
 from cosched.sampler.estimate import estimate
 
@@ -93,10 +93,11 @@ def test_histogram_delta_cdf_and_quantile():
 
 
 def test_window_skews_from_timelines():
-    # 20 ms, two 10 ms windows: in the first vCPU 2 waits 4 ms, in the second vCPU 1 sleeps 6 ms
-    lines = {1: [(0, 0.014, RUNNING), (0.014, 0.020, SLEEPING)],
-             2: [(0, 0.004, RUNNABLE), (0.004, 0.020, RUNNING)]}
-    assert window_skews(lines, 0.0, 0.020, 0.010) == [pytest.approx(0.004), pytest.approx(0.006)]
+    # 30 ms, three 10 ms windows: in the first vCPU 2 waits 4 ms, in the second vCPU 1 is frozen
+    # 6 ms, in the third vCPU 1 sleeps 6 ms (an idle vCPU does not lag)
+    lines = {1: [(0, 0.014, RUNNING), (0.014, 0.020, FROZEN), (0.020, 0.024, RUNNING), (0.024, 0.030, SLEEPING)],
+             2: [(0, 0.004, RUNNABLE), (0.004, 0.030, RUNNING)]}
+    assert window_skews(lines, 0.0, 0.030, 0.010) == [pytest.approx(0.004), pytest.approx(0.006), 0.0]
 
 
 def lines(*points):

@@ -1,5 +1,8 @@
 """Parsing tracefs text into scheduler events (benchmarks.trace)."""
-from benchmarks.stats import RUNNABLE, RUNNING, SLEEPING, states_at, timelines, trace_figures
+import pytest
+
+from benchmarks.stats import (FROZEN, RUNNABLE, RUNNING, SLEEPING, frozen_at, reconstructed, states_at, timelines,
+                              trace_figures, window_skews)
 from benchmarks.trace import parse
 
 # Two vCPU threads of one guest, 11 and 12, with names that hold spaces.
@@ -53,3 +56,62 @@ def test_exact_figures_of_the_parsed_trace():
 def test_a_silent_thread_keeps_the_state_proc_reported():
     assert states_at([], {7}, 1.0) == {7: SLEEPING}
     assert states_at([], {7}, 1.0, silent={7: RUNNABLE}) == {7: RUNNABLE}
+
+
+# 21 and 22 are vCPUs of a guest cosched co-stops one at a time; 23 is another guest's.
+COSTOP = """\
+       CPU 0/TCG-21      [000] d.h1.   200.000000: sched_stat_runtime: comm=CPU 0/TCG pid=21 runtime=4000000 [ns]
+       CPU 1/TCG-22      [001] d.h1.   200.000000: sched_stat_runtime: comm=CPU 1/TCG pid=22 runtime=4000000 [ns]
+         python3-99      [000] .....   200.001000: cgroup_freeze: root=0 id=71 level=3 path=/machine/qemu-3-g.libvirt-qemu/vcpu0
+       CPU 0/TCG-21      [000] d..2.   200.001100: sched_switch: prev_comm=CPU 0/TCG prev_pid=21 prev_prio=120 prev_state=S ==> next_comm=swapper/0 next_pid=0 next_prio=120
+         python3-99      [001] d..1.   200.002000: sched_stat_runtime: comm=CPU 1/TCG pid=22 runtime=12000 [ns]
+       CPU 1/TCG-22      [001] d.h1.   200.004000: sched_stat_runtime: comm=CPU 1/TCG pid=22 runtime=4000000 [ns]
+         python3-99      [000] .....   200.005000: cgroup_unfreeze: root=0 id=71 level=3 path=/machine/qemu-3-g.libvirt-qemu/vcpu0
+         python3-99      [000] .....   200.005500: cgroup_freeze: root=0 id=70 level=2 path=/machine/qemu-4-h.libvirt-qemu
+         python3-99      [000] d..3.   200.006000: sched_wakeup: comm=CPU 0/TCG pid=21 prio=120 target_cpu=000
+          <idle>-0       [000] d..2.   200.007000: sched_switch: prev_comm=swapper/0 prev_pid=0 prev_prio=120 prev_state=R ==> next_comm=CPU 0/TCG next_pid=21 next_prio=120
+"""
+CGROUPS = {21: "/machine/qemu-3-g.libvirt-qemu/vcpu0", 22: "/machine/qemu-3-g.libvirt-qemu/vcpu1",
+           23: "/machine/qemu-4-h.libvirt-qemu/vcpu0"}
+
+
+def test_ticks_freezes_and_thaws_become_events():
+    ev = [(e.t, e.tid, e.kind) for e in parse(COSTOP, {21, 22, 23}, CGROUPS)]
+    assert (200.0, 21, "tick") in ev and (200.004, 22, "tick") in ev
+    assert (200.002, 22, "tick") not in ev                 # raised by python3 reading 22's run time
+    assert (200.001, 21, "freeze") in ev and (200.005, 21, "thaw") in ev
+    assert (200.0055, 23, "freeze") in ev                  # an ancestor of 23's cgroup froze
+    assert not [e for e in ev if e[1] == 22 and e[2] in ("freeze", "thaw")]
+
+
+def test_a_co_stopped_vcpu_is_frozen_not_asleep_and_lags():
+    ev = parse(COSTOP, {21, 22}, CGROUPS)
+    t0, t1 = 200.0, 200.010
+    lines = timelines(ev, states_at(ev, {21, 22}, t0), t0, t1, frozen_at(ev, {21, 22}, t0))
+    # 21: runs 0-1.1 ms (still running after the freeze write), frozen 1.1-5, asleep 5-6,
+    # waiting 6-7, running 7-10; 22 runs throughout
+    assert [(round(b - t0, 4), round(e - t0, 4), s) for b, e, s in lines[21]] == [
+        (0.0, 0.0011, RUNNING), (0.0011, 0.005, FROZEN), (0.005, 0.006, SLEEPING),
+        (0.006, 0.007, RUNNABLE), (0.007, 0.01, RUNNING)]
+    assert lines[22] == [(t0, t1, RUNNING)]
+    # lag is wait + frozen: 3.9 ms in the first 5 ms window; in the second 1 ms waiting, the ms asleep is not lag
+    assert window_skews(lines, t0, t1, 0.005) == [pytest.approx(0.0039), pytest.approx(0.001)]
+    assert trace_figures(lines)["hazard"] == pytest.approx(0.001)     # frozen is not waiting
+
+
+def test_frozen_before_the_trace_is_implied_by_a_thaw():
+    ev = parse(COSTOP, {21}, CGROUPS)
+    assert frozen_at(ev, {21}, 200.003) == {21: True}
+    assert frozen_at(ev, {21}, 200.0005) == {21: False}
+    assert frozen_at([e for e in ev if e.kind != "freeze"], {21}, 200.0) == {21: True}
+
+
+def test_reconstructed_time_is_what_no_event_showed():
+    ev = parse(COSTOP, {21, 22}, CGROUPS)
+    # from 200.0005: both seen running before; from 199.999: nothing seen until the first ticks
+    assert reconstructed(ev, {21, 22}, 200.0005, 200.010) == {21: 0.0, 22: 0.0}
+    assert reconstructed(ev, {21, 22}, 199.999, 200.010) == {21: pytest.approx(0.001), 22: pytest.approx(0.001)}
+    # a freeze or thaw says nothing about the thread's state: 21's first state event after 200.0015 ...
+    late = [e for e in ev if e.t > 200.0015]
+    assert reconstructed(late, {21}, 200.0015, 200.010) == {21: pytest.approx(0.0045)}   # ... is the wake-up
+    assert reconstructed([], {7}, 1.0, 3.0) == {7: 2.0}
