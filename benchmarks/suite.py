@@ -15,8 +15,8 @@ on the same booted guests:
                 this host's speed drifts from minute to minute; pooled, the
                 one-guest point of every plot;
    ``batch``    guests one after another, each alone for an equal share of
-                the interval (the others paused by libvirt, whose clock then
-                stands still, so a paused guest sees no delay);
+                the interval in its own time (the others paused by libvirt,
+                whose clock then stands still, so a paused guest sees no delay);
    ``cfs``      all at once under the host scheduler, observed only;
    ``gang``, ``partial``, ``boost``, ...  all at once under that cosched
                 preset, switched live through the libvirt annotation.
@@ -36,9 +36,10 @@ vCPUs barely ran prints too few lines to tell its rate, and a rate taken
 from two lines close together says nothing about the interval. An invalid
 run is measured again (``--retries`` times); if it stays invalid it is kept
 in ``results.json`` with ``valid: false``, shown as invalid in the report
-and never averaged in. In ``batch`` each guest's turn is its own interval
-(from resume to suspend), and the run's interval is the sum of the turns:
-reading the consoles between turns is not counted. With truth
+and never averaged in. In ``batch`` each guest runs alone until its lines
+span its share of the interval in its own time (:func:`batch_turn`); the
+run's interval is the sum of those spans, so neither the harness's work
+between turns nor a guest's resume counts. With truth
 on (the default), every non-batch run also records the kernel's
 ``sched_switch``/``sched_wakeup`` events of the vCPU threads
 (:mod:`benchmarks.trace`) and computes each guest's exact hazard fraction
@@ -227,13 +228,7 @@ def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: f
             last = {}
             with paused(gs):
                 for g in gs:
-                    first[g.name] = len(g.results())          # paused: nothing printed since
-                    begin = time.monotonic()
-                    g.dom.resume()
-                    time.sleep(seconds / len(gs))
-                    g.dom.suspend()
-                    turns[g.name] = time.monotonic() - begin
-                    last[g.name] = len(g.results())
+                    first[g.name], last[g.name], turns[g.name] = batch_turn(g, seconds / len(gs))
         else:
             time.sleep(seconds)
             last = {g.name: len(g.results()) for g in gs}     # counted before t1: printed inside
@@ -242,9 +237,9 @@ def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: f
     span = sum(turns.values()) if turns else t1 - t0
     per_guest = {}
     for g in gs:
-        w = guest_window(g.results(), first[g.name], last[g.name], turns.get(g.name, span))
+        w = guest_window(g.results(), first[g.name], last[g.name], seconds / len(gs) if turns else span)
         if g.name in turns:                     # batch: it ran only for its turn
-            w["rate"] *= turns[g.name] / span
+            w["rate"] *= turns[g.name] / span if span > 0 else 0.0
         d0, d1 = s0["domains"].get(g.name, {}), s1["domains"].get(g.name, {})
         observed = d1.get("observed", 0) - d0.get("observed", 0)
         n_skew = d1.get("count", 0) - d0.get("count", 0)
@@ -269,6 +264,29 @@ def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: f
         "host_state": {"start": state0, "end": state1},
         "modes": {"start": modes0, "end": modes1},
     }
+
+
+def batch_turn(g: guests.Guest, share: float) -> tuple[int, int, float]:
+    """Run paused guest ``g`` alone until its result lines span ``share``
+    seconds of its own time, then pause it again: ``(first, last, seconds)``,
+    the lines of the turn and the guest time between them. The time from
+    resume to its first line, and after the line that completes the turn,
+    is not counted (nor is the harness's console reading). A guest that
+    does not get there within ``3 * share + 5`` s ends its turn short, and
+    its coverage then says so."""
+    first = len(g.results())
+    g.dom.resume()
+    deadline = time.monotonic() + 3 * share + 5
+    try:
+        rs = g.results()
+        while time.monotonic() < deadline and (
+                len(rs) <= first or rs[-1]["t_ms"] - rs[first]["t_ms"] < share * 1000):
+            time.sleep(0.02)
+            rs = g.results()
+    finally:
+        g.dom.suspend()
+    last = len(rs)
+    return first, last, (rs[last - 1]["t_ms"] - rs[first]["t_ms"]) / 1000 if last > first + 1 else 0.0
 
 
 # -- /proc, read here and nowhere else in the benchmark (not through cosched's parsers) --

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from string import Template
 
@@ -80,6 +80,8 @@ def domain_xml(name: str, *, vcpus: int = 2, max_vcpus: int | None = None, memor
 class Guest:
     name: str
     console_log: Path
+    _parsed: int = field(default=0, repr=False)           # console bytes already parsed
+    _results: list = field(default_factory=list, repr=False)
 
     @property
     def dom(self) -> libvirt.virDomain:
@@ -93,9 +95,20 @@ class Guest:
 
     def results(self) -> list[dict]:
         """Every ``cosched-result`` line so far: integer counters as ``{key: int}``,
-        and ``hist`` (iteration times) as ``{bucket: count}``."""
-        out = []
-        for m in _RESULT.finditer(self.console()):
+        and ``hist`` (iteration times) as ``{bucket: count}``.
+
+        Only complete lines count (one the guest is still writing could carry a
+        counter cut short), and each is parsed once: the console is read from
+        where the last call stopped."""
+        try:
+            with open(self.console_log, "rb") as f:
+                f.seek(self._parsed)
+                new = f.read()
+        except FileNotFoundError:
+            return []
+        end = new.rfind(b"\n") + 1
+        self._parsed += end
+        for m in _RESULT.finditer(new[:end].decode(errors="replace")):
             try:
                 line: dict = {}
                 for k, v in (kv.split("=", 1) for kv in m.group(1).split()):
@@ -104,10 +117,10 @@ class Guest:
                     elif v.isdigit():
                         line[k] = int(v)
             except ValueError:
-                continue        # a line cut short by a guest being destroyed
-            if "t_ms" in line and "iters" in line:   # not one the guest kernel's output broke into
-                out.append(line)
-        return out
+                continue        # a line the guest kernel's output broke into
+            if "t_ms" in line and "iters" in line:
+                self._results.append(line)
+        return list(self._results)
 
     def wait_for(self, text: str, timeout: float = 60.0) -> None:
         """Wait until ``text`` stands on a complete console line: a line the guest

@@ -34,6 +34,13 @@ def test_harness_writes_results_summary_and_plots(libvirtd, guest_image, tmp_pat
             assert 0 <= g["hazard"] <= 1
             if r["mode"] != "batch":
                 assert 0 <= g["trace"]["hazard"] <= 1 and (g["trace"]["events"] > 0 or not ran)
+                assert 0 <= g["trace"]["reconstructed"] <= 1
+                frozen = sum(g["trace"]["frozen"].values())
+                # the trace sees gang's freezes in the kernel's own events, and none elsewhere
+                assert frozen > 0.1 if r["mode"] == "gang" else frozen == 0, (r["mode"], g["trace"]["frozen"])
+    batch = next(r for r in res["runs"] if r["mode"] == "batch")
+    assert batch["valid"] and all(g["coverage"] >= 1 for g in batch["per_guest"].values())
+    assert 2 <= batch["seconds"] < 2.5          # the turns' guest time: two 1 s shares, each ended by a line
     gang = next(r for r in res["runs"] if r["mode"] == "gang")
     assert gang["switches"] > 0 and gang["switch_latency_p99_ms"] is not None
 
