@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from statistics import mean
+from statistics import mean, median, pstdev
 
 from benchmarks.stats import hist_add, hist_cdf, hist_quantile, jain
 
@@ -196,11 +196,49 @@ def summary(res: dict, agg: dict | None = None) -> str:
             lines += ["", f"Over all {len(errs)} groups: mean error {mean(errs):.1f} points, worst single guest "
                           f"{max(worst):.1f} points. Lost trace events: "
                           f"{sum(a['overruns'] for a in agg.values())}."]
-    lines += targets(res, agg) + mixed(res) + phases(res)
+    lines += spread(res) + targets(res, agg) + mixed(res) + phases(res)
     notes = sorted({n for a in agg.values() for n in a["notes"]})
     if notes:
         lines += ["", "Notes from the daemon:"] + [f"- {n}" for n in notes]
     return "\n".join(lines) + "\n"
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(int(q * len(xs)), len(xs) - 1)]
+
+
+def spread(res: dict) -> list[str]:
+    """How far one measurement is from the next: between repetitions of a
+    cell (points of the ideal, max − min), and within a run (coefficient of
+    variation of a guest's one-second rates, and what it implies for the
+    whole interval if the seconds were independent)."""
+    cells: dict[tuple, list[float]] = {}
+    cvs = []
+    for r in _sweep(res):
+        if not r.get("valid"):
+            continue
+        if r["mode"] != "alone" and r.get("ideal"):
+            cells.setdefault((r["workload"], r["guests"], r["mode"]), []).append(_rate(r) / r["ideal"])
+        for g in r["per_guest"].values():
+            xs = g.get("rates_1s") or []
+            if len(xs) >= 3 and mean(xs) > 0:
+                cvs.append(pstdev(xs) / mean(xs))
+    gaps = [100 * (max(v) - min(v)) for v in cells.values() if len(v) >= 2]
+    if not gaps and not cvs:
+        return []
+    out = ["", "## Spread", ""]
+    if gaps:
+        out.append(f"Between repetitions of one cell ({len(gaps)} cells with two or more valid runs): "
+                   f"median {median(gaps):.1f}, 90th percentile {_quantile(gaps, 0.9):.1f}, largest "
+                   f"{max(gaps):.1f} points of the ideal.")
+    if cvs:
+        secs = res["config"]["seconds"]
+        out.append(f"Within a run ({len(cvs)} guest-runs with three or more whole seconds): one-second rates "
+                   f"vary by {100 * median(cvs):.1f}% (median coefficient of variation; 90th percentile "
+                   f"{100 * _quantile(cvs, 0.9):.1f}%), about {100 * median(cvs) / secs ** 0.5:.1f}% for a "
+                   f"{secs:g} s mean if the seconds were independent.")
+    return out
 
 
 def _rate(r: dict) -> float:

@@ -145,7 +145,7 @@ def guest_window(results: list[dict], first: int, last: int, interval: float) ->
     lines it printed inside an interval of ``interval`` host seconds.
 
     Throughput is per second of guest time between the first and the last of
-    those lines (guest time stands still while libvirt pauses the guest, so a
+    those lines (and ``rates_1s`` per whole second of it) (guest time stands still while libvirt pauses the guest, so a
     batch turn is measured as the guest saw it). ``coverage`` is the guest
     time they span over ``interval``; ``valid`` when at least MIN_COVERAGE.
     """
@@ -157,9 +157,22 @@ def guest_window(results: list[dict], first: int, last: int, interval: float) ->
     span = max(b["t_ms"] - a["t_ms"], 1) / 1000
     coverage = span / interval
     return {"rate": (b["iters"] - a["iters"]) / span, "iters": b["iters"] - a["iters"],
+            "rates_1s": second_rates(rs),
             "missed": b.get("missed", 0) - a.get("missed", 0), "errors": b.get("errors", 0) - a.get("errors", 0),
             "hist": hist_delta(a.get("hist", {}), b.get("hist", {})), "guest_seconds": span,
             "lines": len(rs), "coverage": coverage, "valid": coverage >= MIN_COVERAGE}
+
+
+def second_rates(rs: list[dict]) -> list[float]:
+    """Rates over consecutive whole seconds of guest time, each between the
+    first line at or after its start and the first at or after its end: the
+    noise within an interval, next to the spread between repetitions."""
+    out, i = [], 0
+    for j, r in enumerate(rs):
+        if r["t_ms"] - rs[i]["t_ms"] >= 1000:
+            out.append((r["iters"] - rs[i]["iters"]) * 1000 / (r["t_ms"] - rs[i]["t_ms"]))
+            i = j
+    return out
 
 
 def set_policy(name: str, preset: str) -> None:

@@ -128,3 +128,21 @@ def test_invalid_runs_are_counted_never_averaged():
     assert agg[("barrier", 2, "cfs")]["of_ideal"] == [0.5]
     assert ("barrier", 2, "gang") not in agg
     assert invalid_runs(res) == {("barrier", 2, "cfs"): 1, ("barrier", 2, "gang"): 1}
+
+
+def test_rates_per_second_and_the_spread_they_report():
+    from benchmarks.report import spread
+    from benchmarks.suite import second_rates
+    # 100 ms lines: 100/s for two seconds, then 300/s for one; the last half second is no whole second
+    rs = lines(*[(t, t // 10) for t in range(0, 2001, 100)], *[(2000 + t, 200 + 3 * t // 10) for t in range(100, 1501, 100)])
+    assert second_rates(rs) == [pytest.approx(100.0), pytest.approx(100.0), pytest.approx(300.0)]
+    assert second_rates(rs[:5]) == []
+    g = lambda xs: {"rate": 1.0, "rates_1s": xs}
+    run = lambda rep, total, xs: {"workload": "barrier", "guests": 2, "mode": "gang", "rep": rep, "valid": True,
+                                  "ideal": 100.0, "per_guest": {"a": {**g(xs), "rate": total}}}
+    res = {"config": {"seconds": 4.0},
+           "runs": [run(0, 80.0, [90.0, 110.0, 90.0, 110.0]), run(1, 95.0, [100.0, 100.0, 100.0])]}
+    text = "\n".join(spread(res))
+    assert "median 15.0, 90th percentile 15.0, largest 15.0 points" in text       # 80% and 95% of the ideal
+    assert "vary by 5.0%" in text and "about 2.5% for a 4 s mean" in text          # CVs 10% and 0%: median 5%
+    assert spread({"config": {"seconds": 4.0}, "runs": []}) == []
