@@ -334,7 +334,7 @@ def _v2_path(cgroup_lines: list[str]) -> str | None:
 
 
 def host_state(pids: dict[int, int]) -> dict[str, dict]:
-    """Each vCPU thread's affinity, scheduling policy and priority, and cgroups
+    """Each vCPU thread's affinity, scheduling policy, priority and nice, and cgroups
     (every hierarchy, with its v2 ``cgroup.freeze``), keyed by TID."""
     v2 = guests.cgroup_mounts()[0]
     out = {}
@@ -344,6 +344,7 @@ def host_state(pids: dict[int, int]) -> dict[str, dict]:
             cgroups = _task(pid, tid, "cgroup").split()
             policy = os.sched_getscheduler(tid)
             prio = os.sched_getparam(tid).sched_priority
+            nice = os.getpriority(os.PRIO_PROCESS, tid)
         except (OSError, ValueError):
             continue
         m = re.search(r"^Cpus_allowed_list:\s*(\S+)", status, re.M)
@@ -354,7 +355,7 @@ def host_state(pids: dict[int, int]) -> dict[str, dict]:
                 freeze = open(f"{v2}{v2_path}/cgroup.freeze").read().strip()
             except OSError:
                 pass
-        out[str(tid)] = {"affinity": m.group(1) if m else None, "policy": policy, "priority": prio,
+        out[str(tid)] = {"affinity": m.group(1) if m else None, "policy": policy, "priority": prio, "nice": nice,
                          "cgroups": cgroups, "freeze": freeze}
     return out
 

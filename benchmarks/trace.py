@@ -34,12 +34,23 @@ from benchmarks.stats import Event
 INSTANCE = "cosched-bench"
 _LINE = re.compile(r"^\s*(.*?)-(\d+)\s+\[(\d+)\]\s+\S+\s+(\d+\.\d+): "
                    r"(sched_switch|sched_wakeup|sched_stat_runtime|cgroup_freeze|cgroup_unfreeze): (.*)$")
-_SWITCH = re.compile(r"prev_pid=(\d+) prev_prio=-?\d+ prev_state=(\S+) ==> .*next_pid=(\d+) next_prio=")
+_SWITCH = re.compile(r"prev_pid=(\d+) prev_prio=-?\d+ prev_state=(\S+) ==> next_comm=(.*) next_pid=(\d+) next_prio=")
 _WAKEUP = re.compile(r"(?:^|\s)pid=(\d+) prio=")
 _RUNTIME = re.compile(r"(?:^|\s)pid=(\d+) runtime=")
 _CGROUP = re.compile(r"^root=0 id=\d+ level=\d+ path=(\S+)")      # root 0: the v2 hierarchy
 SCHED_EVENTS = ("sched_switch", "sched_wakeup", "sched_stat_runtime")
 CGROUP_EVENTS = ("cgroup_freeze", "cgroup_unfreeze")
+
+
+def switches(text: str):
+    """Every ``sched_switch`` in tracefs text, in order: ``(t, cpu, prev_pid,
+    prev_state, next_pid, next_comm)``."""
+    for line in text.splitlines():
+        m = _LINE.match(line)
+        if m and m.group(5) == "sched_switch":
+            s = _SWITCH.search(m.group(6))
+            if s:
+                yield float(m.group(4)), int(m.group(3)), int(s.group(1)), s.group(2), int(s.group(4)), s.group(3)
 
 
 def parse(text: str, tids: set[int], cgroups: dict[int, str] | None = None) -> list[Event]:
@@ -103,7 +114,7 @@ def parse(text: str, tids: set[int], cgroups: dict[int, str] | None = None) -> l
             s = _SWITCH.search(rest)
             if not s:
                 continue
-            prev, state, nxt = int(s.group(1)), s.group(2), int(s.group(3))
+            prev, state, nxt = int(s.group(1)), s.group(2), int(s.group(4))
             if prev in tids:
                 preempted = state.startswith("R")
                 out.append(Event(t, prev, "out-runnable" if preempted else "out-sleep"))
@@ -145,6 +156,7 @@ class SchedTrace:
         self.cgroups = dict(cgroups or {})
         self.buffer_kb = buffer_kb
         self.events: list[Event] = []
+        self.text = ""                    # the raw trace, for analyses of their own
         self.overruns = 0
         self._mounted: Path | None = None
         self.dir: Path | None = None
@@ -182,7 +194,8 @@ class SchedTrace:
         try:
             self._write("tracing_on", "0")
             if exc[0] is None:
-                self.events = parse((self.dir / "trace").read_text(), self.tids, self.cgroups)
+                self.text = (self.dir / "trace").read_text()
+                self.events = parse(self.text, self.tids, self.cgroups)
                 self.overruns = sum(
                     int(m.group(1)) for stats in self.dir.glob("per_cpu/cpu*/stats")
                     for m in [re.search(r"^overrun: (\d+)", stats.read_text(), re.M)] if m)

@@ -182,18 +182,26 @@ def cgroup_mounts() -> tuple[str, str | None]:
     return v2, cpu
 
 
+def vcpu_threads(name: str) -> dict[int, int]:
+    """The running guest's vCPU threads, ``{tid: vCPU index}``, by thread name."""
+    pid = int(Path(f"/run/libvirt/qemu/{name}.pid").read_text())
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        m = re.match(r"CPU (\d+)/", Path(f"/proc/{pid}/task/{tid}/comm").read_text())
+        if m:
+            out[int(tid)] = int(m.group(1))
+    return out
+
+
 def vcpu_cgroups(name: str) -> dict[str, list[str]]:
     """Where libvirt put the running guest's vCPU threads, read from each
     thread's ``/proc/TID/cgroup`` (no assumed layout): ``{"v2": [dirs], "cpu":
     [dirs]}``, host paths, one per vCPU thread. Raises when the guest has no
     vCPU thread in a ``vcpuN`` v2 cgroup, so no caller can pass on nothing."""
     v2_mount, cpu_mount = cgroup_mounts()
-    pid = int(Path(f"/run/libvirt/qemu/{name}.pid").read_text())
     out: dict[str, list[str]] = {"v2": [], "cpu": []}
-    for tid in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
-        if not re.match(r"CPU \d+/", Path(f"/proc/{pid}/task/{tid}/comm").read_text()):
-            continue
-        for line in Path(f"/proc/{pid}/task/{tid}/cgroup").read_text().splitlines():
+    for tid in sorted(vcpu_threads(name)):
+        for line in Path(f"/proc/{tid}/cgroup").read_text().splitlines():
             hier, ctrls, path = line.split(":", 2)
             if hier == "0" and re.search(r"/vcpu\d+$", path):
                 out["v2"].append(v2_mount + path)
