@@ -145,9 +145,10 @@ def guest_window(results: list[dict], first: int, last: int, interval: float) ->
     lines it printed inside an interval of ``interval`` host seconds.
 
     Throughput is per second of guest time between the first and the last of
-    those lines (and ``rates_1s`` per whole second of it) (guest time stands still while libvirt pauses the guest, so a
-    batch turn is measured as the guest saw it). ``coverage`` is the guest
-    time they span over ``interval``; ``valid`` when at least MIN_COVERAGE.
+    those lines (guest time stands still while libvirt pauses the guest, so
+    a batch turn is measured as the guest saw it), and ``rates_1s`` per whole
+    second of it. ``coverage`` is the guest time they span over
+    ``interval``; ``valid`` when at least MIN_COVERAGE.
     """
     rs = results[first:last]
     if len(rs) < 2:
