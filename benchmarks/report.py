@@ -203,6 +203,9 @@ def summary(res: dict, agg: dict | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+WINDOWS = (1, 2, 5, 10)     # seconds: windows for the spread within a run
+
+
 def _quantile(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(int(q * len(xs)), len(xs) - 1)]
@@ -211,10 +214,10 @@ def _quantile(xs: list[float], q: float) -> float:
 def spread(res: dict) -> list[str]:
     """How far one measurement is from the next: between repetitions of a
     cell (points of the ideal, max − min), and within a run (coefficient of
-    variation of a guest's one-second rates, and what it implies for the
-    whole interval if the seconds were independent)."""
+    variation of a guest's rate over consecutive windows of 1, 2, 5 and
+    10 s, where the run holds at least three such windows)."""
     cells: dict[tuple, list[float]] = {}
-    cvs = []
+    cvs: dict[int, list[float]] = {k: [] for k in WINDOWS}
     for r in _sweep(res):
         if not r.get("valid"):
             continue
@@ -222,22 +225,23 @@ def spread(res: dict) -> list[str]:
             cells.setdefault((r["workload"], r["guests"], r["mode"]), []).append(_rate(r) / r["ideal"])
         for g in r["per_guest"].values():
             xs = g.get("rates_1s") or []
-            if len(xs) >= 3 and mean(xs) > 0:
-                cvs.append(pstdev(xs) / mean(xs))
+            for k in WINDOWS:
+                means = [mean(xs[i:i + k]) for i in range(0, len(xs) - k + 1, k)]
+                if len(means) >= 3 and mean(means) > 0:
+                    cvs[k].append(pstdev(means) / mean(means))
     gaps = [100 * (max(v) - min(v)) for v in cells.values() if len(v) >= 2]
-    if not gaps and not cvs:
+    if not gaps and not cvs[1]:
         return []
     out = ["", "## Spread", ""]
     if gaps:
         out.append(f"Between repetitions of one cell ({len(gaps)} cells with two or more valid runs): "
                    f"median {median(gaps):.1f}, 90th percentile {_quantile(gaps, 0.9):.1f}, largest "
                    f"{max(gaps):.1f} points of the ideal.")
-    if cvs:
-        secs = res["config"]["seconds"]
-        out.append(f"Within a run ({len(cvs)} guest-runs with three or more whole seconds): one-second rates "
-                   f"vary by {100 * median(cvs):.1f}% (median coefficient of variation; 90th percentile "
-                   f"{100 * _quantile(cvs, 0.9):.1f}%), about {100 * median(cvs) / secs ** 0.5:.1f}% for a "
-                   f"{secs:g} s mean if the seconds were independent.")
+    if cvs[1]:
+        out.append("Within a run, a guest's rate over consecutive windows varies by (median coefficient of "
+                   "variation over guest-runs with three windows or more; 90th percentile; guest-runs): " +
+                   "; ".join(f"{k} s: {100 * median(v):.1f}%, {100 * _quantile(v, 0.9):.1f}% ({len(v)})"
+                             for k, v in cvs.items() if v) + ".")
     return out
 
 

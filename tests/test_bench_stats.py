@@ -140,9 +140,10 @@ def test_rates_per_second_and_the_spread_they_report():
     g = lambda xs: {"rate": 1.0, "rates_1s": xs}
     run = lambda rep, total, xs: {"workload": "barrier", "guests": 2, "mode": "gang", "rep": rep, "valid": True,
                                   "ideal": 100.0, "per_guest": {"a": {**g(xs), "rate": total}}}
-    res = {"config": {"seconds": 4.0},
-           "runs": [run(0, 80.0, [90.0, 110.0, 90.0, 110.0]), run(1, 95.0, [100.0, 100.0, 100.0])]}
+    res = {"config": {"seconds": 6.0},
+           "runs": [run(0, 80.0, [90.0, 110.0] * 3), run(1, 95.0, [90.0, 90.0, 110.0, 110.0, 100.0, 100.0])]}
     text = "\n".join(spread(res))
     assert "median 15.0, 90th percentile 15.0, largest 15.0 points" in text       # 80% and 95% of the ideal
-    assert "vary by 5.0%" in text and "about 2.5% for a 4 s mean" in text          # CVs 10% and 0%: median 5%
-    assert spread({"config": {"seconds": 4.0}, "runs": []}) == []
+    # one-second CVs 10% and 8.2%; over 2 s the first is steady (0%), the second varies by 8.2%
+    assert "1 s: 9.1%, 10.0% (2); 2 s: 4.1%, 8.2% (2)." in text
+    assert spread({"config": {"seconds": 6.0}, "runs": []}) == []
