@@ -23,7 +23,7 @@ LIBDIR ?= /opt/cosched
 SYSCONFDIR ?= /etc/cosched
 UNITDIR ?= /etc/systemd/system
 
-.PHONY: deps runtime-deps venv image services test unit integration demo bench bench-smoke install uninstall clean
+.PHONY: deps runtime-deps venv image services test unit integration soak demo bench bench-smoke install uninstall clean
 
 missing = $$(for p in $(1); do \
 	    dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done)
@@ -66,6 +66,10 @@ integration: image services
 
 test: image services
 	$(PY) -m pytest -q tests
+
+# the long form of the fault suite: for now 10,000 fuzzed configs, presets and annotations each
+soak: venv
+	COSCHED_FUZZ_EXAMPLES=10000 $(PY) -m pytest -q tests/test_fuzz.py
 
 demo: image services
 	$(PY) -m testbed.demo
