@@ -78,7 +78,7 @@ demo: image services
 bench: image services
 	$(PY) -m benchmarks.suite --guests 2,4 --reps 2 --seconds 5 --mixed 3,4 --phases 90
 
-# a small run of the same harness: about 2 minutes (2.0 min on the 2-CPU development host, invalid runs repeated)
+# a small run of the same harness: about 2 minutes (1.7 min on the 2-CPU development host, image and services ready)
 bench-smoke: image services
 	$(PY) -m benchmarks.suite --guests 3 --workloads barrier,blocking --modes batch,cfs,gang --reps 1 --seconds 4
 

@@ -2,7 +2,9 @@
 
 Guests are transient libvirt domains (``createXML``): destroying one removes
 it. Each writes its serial console to a file, from which
-:meth:`Guest.results` reads the workload's ``cosched-result`` lines.
+:meth:`Guest.results` reads the workload's ``cosched-result`` lines;
+:meth:`Guest.counters` reads its live counters straight from the guest's
+memory, at the instant of the call.
 
 The domain type is ``kvm`` when the host can really run KVM guests
 (``/dev/kvm`` and the ``vmx``/``svm`` CPU flag) and ``qemu`` (TCG) otherwise;
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import struct
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +28,8 @@ TEMPLATES = Path(__file__).resolve().parents[1] / "vm-templates"
 CONSOLE_DIR = CACHE_DIR / "console"
 NAMESPACE = "urn:cosched:libvirt:1"
 _RESULT = re.compile(r"cosched-result (.*)")
+_COUNTERS = re.compile(r"cosched-counters gpa=0x([0-9a-f]+) magic=0x([0-9a-f]+)\n")
+PAGE = 4096
 URI = "qemu:///system"
 _conn: libvirt.virConnect | None = None
 
@@ -82,6 +87,7 @@ class Guest:
     console_log: Path
     _parsed: int = field(default=0, repr=False)           # console bytes already parsed
     _results: list = field(default_factory=list, repr=False)
+    _live: tuple | None = field(default=None, repr=False)      # (QEMU pid, address of the counter page, magic)
 
     @property
     def dom(self) -> libvirt.virDomain:
@@ -122,6 +128,37 @@ class Guest:
                 self._results.append(line)
         return list(self._results)
 
+    def counters(self) -> dict[str, int] | None:
+        """The workload's counters now (``iters``, ``missed``, ``errors``,
+        summed over its threads), read from guest memory through QEMU's
+        ``/proc/PID/mem``: exact at the instant of the call whether or not a
+        vCPU of the guest is running. None while the guest has not said
+        where they are, or when it cannot (see ``guest-init.c``).
+
+        The page's guest-physical address comes from the console; guest RAM
+        is QEMU's one anonymous read-write mapping of the guest's memory
+        size, and low guest-physical memory lies at the same offset in it
+        (x86 ``pc`` machines, guests under 3 GiB). The header's magic is
+        checked on every read, so a wrong mapping or a moved page reads as
+        an error, never as a count."""
+        if self._live is None:
+            m = _COUNTERS.search(self.console())
+            if not m:
+                return None
+            pid = int(Path(f"/run/libvirt/qemu/{self.name}.pid").read_text())
+            size = self.dom.maxMemory() * 1024
+            gpa, magic = int(m.group(1), 16), int(m.group(2), 16)
+            for base in _anonymous_mappings(pid, size):
+                if _read_live(pid, base + gpa, magic) is not None:
+                    self._live = (pid, base + gpa, magic)
+                    break
+            else:
+                raise RuntimeError(f"{self.name}: no mapping of {size} bytes holds the counter page at {gpa:#x}")
+        counts = _read_live(*self._live)
+        if counts is None:
+            raise RuntimeError(f"{self.name}: the counter page no longer holds its magic")
+        return counts
+
     def wait_for(self, text: str, timeout: float = 60.0) -> None:
         """Wait until ``text`` stands on a complete console line: a line the guest
         is still writing does not count (its result counters may be cut short)."""
@@ -136,6 +173,29 @@ class Guest:
             self.dom.destroy()
         except libvirt.libvirtError:
             pass
+
+
+def _anonymous_mappings(pid: int, size: int) -> list[int]:
+    """Start addresses of the process's anonymous read-write mappings of ``size`` bytes."""
+    out = []
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        fields = line.split()
+        lo, hi = (int(x, 16) for x in fields[0].split("-"))
+        if hi - lo == size and fields[1].startswith("rw") and len(fields) == 5:
+            out.append(lo)
+    return out
+
+
+def _read_live(pid: int, address: int, magic: int) -> dict[str, int] | None:
+    """The counter page at ``address`` in QEMU's memory, summed; None without the magic."""
+    with open(f"/proc/{pid}/mem", "rb", buffering=0) as f:
+        f.seek(address)
+        page = f.read(PAGE)
+    head, threads = struct.unpack_from("<QQ", page)
+    if head != magic or not 0 < threads <= (PAGE - 64) // 64:
+        return None
+    per = [struct.unpack_from("<QQQ", page, 64 + 64 * i) for i in range(threads)]
+    return {k: sum(t[j] for t in per) for j, k in enumerate(("iters", "missed", "errors"))}
 
 
 def start(name: str, **kw) -> Guest:

@@ -42,6 +42,14 @@
  *
  *     cosched-result workload=NAME t_ms=<guest monotonic ms> iters=<total> [missed=<total>] errors=<total> hist=<i>:<n>,...
 
+ * Before the workload starts the guest prints where its live counters are
+ *
+ *     cosched-counters gpa=<guest-physical address> magic=<header value>
+ *
+ * a 4 KiB page: magic and thread count (two u64), then per thread, 64 bytes
+ * apart from offset 64, iters, missed and errors (u64). The host reads it
+ * from QEMU's memory at exact instants (testbed.guests.Guest.counters).
+ *
  * `errors` counts failed self-checks: a worker that could not be pinned to its
  * vCPU, or an LU factorisation whose residual is too large; each failure also
  * prints a `cosched-error ...` line.
@@ -56,16 +64,20 @@
  * workload is unknown.
  */
 #define _GNU_SOURCE
+#include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
-#define MAX_THREADS 64
+#define MAX_THREADS 63          /* the live page holds a header and 63 threads */
 
 static long opt_threads;          /* 0: one per online vCPU */
 static long opt_chunk = 20000;    /* LCG steps per unit of work */
@@ -80,9 +92,22 @@ static uint64_t started_ns;       /* phases: when the workload started */
 
 #define HIST_BUCKETS 136       /* up to 2^34 us */
 
-/* per-thread counters and results, each thread on its own cache lines */
+/* The live counters: one page, locked in memory, whose guest-physical
+ * address the guest prints first ("cosched-counters gpa=0x... magic=0x...").
+ * The host reads them from QEMU's memory at any instant, whether or not a
+ * vCPU of the guest is running: a starved guest cannot print, but its
+ * counters stand where it left them. Each thread's counts on its own cache line. */
+#define LIVE_MAGIC 0x65766c6964656863ull          /* "chedlive", little-endian */
+struct live_page {
+    uint64_t magic, threads;
+    char pad[48];
+    struct { volatile uint64_t iters, missed, errors; char pad[40]; } t[MAX_THREADS];
+};
+static struct live_page fallback_page __attribute__((aligned(4096)));
+static struct live_page *live = &fallback_page;
+
+/* per-thread timing and results, each thread on its own cache lines */
 static struct {
-    volatile uint64_t iters, missed, errors;
     uint64_t last_ns;
     volatile uint64_t sink;
     volatile uint64_t hist[HIST_BUCKETS];
@@ -109,7 +134,7 @@ static void count_iter(long id) {
     if (count[id].last_ns)
         count[id].hist[hist_bucket((now - count[id].last_ns) / 1000)]++;
     count[id].last_ns = now;
-    count[id].iters++;
+    live->t[id].iters++;
 }
 
 /* `steps` LCG steps; the result goes to the thread's own line, so that
@@ -147,7 +172,7 @@ static void pin_self(long cpu) {
     CPU_ZERO(&set);
     CPU_SET((int)cpu, &set);
     if (sched_setaffinity(0, sizeof set, &set) != 0 || sched_getcpu() != (int)cpu) {
-        count[cpu].errors++;
+        live->t[cpu].errors++;
         printf("cosched-error pin_self cpu=%ld: %s\n", cpu, sched_getcpu() < 0 ? "no cpu" : "not pinned");
     }
 }
@@ -177,7 +202,7 @@ static void *deadline_thread(void *arg) {
         compute(id, deadline_steps);
         uint64_t now = __atomic_add_fetch(&chunks_done, 1, __ATOMIC_ACQ_REL);
         if (last && now - last > (uint64_t)opt_threads)
-            count[id].missed++;
+            live->t[id].missed++;
         last = now;
         count_iter(id);
     }
@@ -287,7 +312,7 @@ static void *lu_thread(void *arg) {
         if (id == 0) {
             double res = lu_residual(check_row);
             if (!(res <= 1e-9)) {
-                count[0].errors++;
+                live->t[0].errors++;
                 printf("cosched-error lu row=%ld residual=%g\n", check_row, res);
             }
             check_row = (check_row + 1) % opt_n;
@@ -395,9 +420,9 @@ static const struct workload *workload;
 static void report(void) {
     uint64_t iters = 0, missed = 0, errors = 0, hist[HIST_BUCKETS] = {0};
     for (long i = 0; i < opt_threads; i++) {
-        iters += count[i].iters;
-        missed += count[i].missed;
-        errors += count[i].errors;
+        iters += live->t[i].iters;
+        missed += live->t[i].missed;
+        errors += live->t[i].errors;
         for (int b = 0; b < HIST_BUCKETS; b++)
             hist[b] += count[i].hist[b];
     }
@@ -441,6 +466,39 @@ static void *reporter_thread(void *arg) {
     return NULL;
 }
 
+/* Map the live page, lock it, keep the kernel from migrating it, and say
+ * where it is in guest-physical memory (from /proc/self/pagemap). */
+static void live_setup(void) {
+    struct live_page *p = mmap(NULL, sizeof *p, PROT_READ | PROT_WRITE,
+                               MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE | MAP_LOCKED, -1, 0);
+    if (p == MAP_FAILED) {
+        printf("cosched-counters unavailable: mmap failed\n");
+        return;
+    }
+    live = p;
+    live->threads = (uint64_t)opt_threads;
+    live->magic = LIVE_MAGIC;
+    mkdir("/proc", 0555);
+    mount("proc", "/proc", "proc", 0, NULL);
+    int fd = open("/proc/sys/vm/compact_unevictable_allowed", O_WRONLY);
+    if (fd >= 0) {
+        if (write(fd, "0\n", 2) != 2)
+            printf("cosched-error compact_unevictable_allowed not set\n");
+        close(fd);
+    }
+    uint64_t entry = 0;
+    fd = open("/proc/self/pagemap", O_RDONLY);
+    if (fd < 0 || pread(fd, &entry, sizeof entry, (off_t)((uintptr_t)p / 4096 * sizeof entry)) != sizeof entry
+        || !(entry >> 63) || !(entry & ((1ull << 55) - 1))) {
+        printf("cosched-counters unavailable: no page frame in /proc/self/pagemap\n");
+    } else {
+        printf("cosched-counters gpa=0x%llx magic=0x%llx\n",
+               (unsigned long long)((entry & ((1ull << 55) - 1)) * 4096), (unsigned long long)LIVE_MAGIC);
+    }
+    if (fd >= 0)
+        close(fd);
+}
+
 int main(int argc, char **argv) {
     const char *name = argc > 1 ? argv[1] : "barrier";
     const struct workload *w = NULL;
@@ -475,6 +533,7 @@ int main(int argc, char **argv) {
     if (opt_b <= 0 || opt_n % opt_b)
         opt_b = 16, opt_n = 128;
     bar.count = opt_threads;
+    live_setup();
     if (!strcmp(name, "deadline")) {
         uint64_t t0 = now_ns();
         compute(0, 1000000);

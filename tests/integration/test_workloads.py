@@ -32,3 +32,31 @@ def test_workload_reports_progress(workload, libvirtd, guest_image):
     assert last["t_ms"] > first["t_ms"]
     if workload == "deadline":
         assert 0 <= last["missed"] <= last["iters"]
+
+
+def test_live_counters_are_read_from_guest_memory_at_any_instant(libvirtd, guest_image):
+    g = guests.start(PREFIX + "wl-live", workload="barrier interval_ms=100", image=guest_image)
+    try:
+        g.wait_for("cosched-result", timeout=30)
+        a = g.counters()
+        time.sleep(0.5)
+        b = g.counters()
+        line = g.results()[-1]
+        g.dom.suspend()                              # no vCPU runs: the counters stand still
+        try:
+            time.sleep(0.2)
+            c = g.counters()
+            time.sleep(0.5)
+            d = g.counters()
+        finally:
+            g.dom.resume()
+        deadline = time.monotonic() + 10
+        while g.results()[-1]["iters"] <= d["iters"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        after = g.results()[-1]
+    finally:
+        g.destroy()
+    assert a is not None and 0 < a["iters"] < b["iters"], (a, b)
+    assert line["iters"] <= c["iters"]               # the memory is never behind the console
+    assert c == d and c["errors"] == 0
+    assert after["iters"] > d["iters"]               # and the guest goes on from where it stood
