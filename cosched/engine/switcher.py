@@ -143,12 +143,12 @@ class Counters:
     boosts: dict[tuple[str, int], int] = field(default_factory=dict)
     refused: int = 0                 # watched boosts the kernel's deadline admission refused
     forced_thaws: int = 0
+    errors: list[str] = field(default_factory=list)
 
     @staticmethod
     def add(per_vcpu: dict, key: tuple, n: int = 1) -> None:
         """Count ``n`` for the vCPU a switcher key names (its uuid and index)."""
         per_vcpu[key[:2]] = per_vcpu.get(key[:2], 0) + n
-    errors: list[str] = field(default_factory=list)
 
 
 class Switcher:
