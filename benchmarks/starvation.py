@@ -109,7 +109,7 @@ def run(args) -> dict:
             g.wait_for("cosched-result")
         names, pids = {}, {}
         for g in gs:
-            pid = int(Path(f"/run/libvirt/qemu/{g.name}.pid").read_text())
+            pid = guests.qemu_pid(g.name)
             for tid, v in guests.vcpu_threads(g.name).items():
                 names[tid] = f"{g.name[len(PREFIX):]}.vcpu{v}"
                 pids[tid] = pid

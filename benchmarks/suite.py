@@ -40,11 +40,10 @@ and never averaged in. In ``batch`` each guest runs alone until its lines
 span its share of the interval in its own time (:func:`batch_turn`); the
 run's interval is the sum of those spans, so neither the harness's work
 between turns nor a guest's resume counts. With truth
-on (the default), every non-batch run also records the kernel's
-``sched_switch``/``sched_wakeup`` events of the vCPU threads
-(:mod:`benchmarks.trace`) and computes each guest's exact hazard fraction
-and window skew over the same interval (:mod:`benchmarks.stats`), for the
-metric-truth comparison.
+on (the default), every non-batch run also records the kernel's scheduler
+and cgroup-freeze events of the vCPU threads (:mod:`benchmarks.trace`) and
+computes each guest's exact hazard fraction and window skew over the same
+interval (:mod:`benchmarks.stats`), for the metric-truth comparison.
 
 Output folder (default ``benchmarks/results/suite-<time>``): ``results.json``
 (every run, raw), ``summary.md`` and PNG plots (:mod:`benchmarks.report`).
@@ -230,7 +229,7 @@ def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: f
             tids[d["name"]] = {v["tid"] for v in d["vcpus"]}
             pids.update({v["tid"]: d["pid"] for v in d["vcpus"]})
     tracing = truth and mode != "batch"
-    turns: dict[str, float] = {}     # batch: each guest's turn, resume to suspend
+    turns: dict[str, float] = {}     # batch: each guest's turn, in its own time (batch_turn)
     cgroups = {tid: v2_cgroup(pid, tid) for tid, pid in pids.items()} if tracing else {}
     with SchedTrace(set().union(*tids.values()), cgroups) if tracing else nullcontext() as tracer:
         if tracer:

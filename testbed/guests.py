@@ -145,7 +145,7 @@ class Guest:
             m = _COUNTERS.search(self.console())
             if not m:
                 return None
-            pid = int(Path(f"/run/libvirt/qemu/{self.name}.pid").read_text())
+            pid = qemu_pid(self.name)
             size = self.dom.maxMemory() * 1024
             gpa, magic = int(m.group(1), 16), int(m.group(2), 16)
             for base in _anonymous_mappings(pid, size):
@@ -242,9 +242,14 @@ def cgroup_mounts() -> tuple[str, str | None]:
     return v2, cpu
 
 
+def qemu_pid(name: str) -> int:
+    """The running guest's QEMU process, from libvirt's pid file."""
+    return int(Path(f"/run/libvirt/qemu/{name}.pid").read_text())
+
+
 def vcpu_threads(name: str) -> dict[int, int]:
     """The running guest's vCPU threads, ``{tid: vCPU index}``, by thread name."""
-    pid = int(Path(f"/run/libvirt/qemu/{name}.pid").read_text())
+    pid = qemu_pid(name)
     out = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         m = re.match(r"CPU (\d+)/", Path(f"/proc/{pid}/task/{tid}/comm").read_text())
