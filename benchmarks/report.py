@@ -116,7 +116,9 @@ def summary(res: dict, agg: dict | None = None) -> str:
         "## Throughput relative to the ideal", "",
         "Aggregate iterations per second of all guests, divided by the first guest's alone with the "
         "others paused, measured in the same repetition (mean over repetitions, min–max in brackets). "
-        f"Only valid runs count: every guest's result lines span at least "
+        "Each guest's iterations over exactly the interval, from its live counters read from its memory "
+        "at the interval's two ends (in batch, from the result lines it printed in its turn). "
+        f"Only valid runs count: every guest's measurement spans at least "
         f"{100 * c.get('min_coverage', 0.9):.0f}% of the interval; a run that is not is measured again "
         f"(up to {c.get('retries', 0)} times) and, if it stays invalid, left out and counted in square "
         "brackets.", "",
@@ -232,7 +234,7 @@ def spread(res: dict) -> list[str]:
     gaps = [100 * (max(v) - min(v)) for v in cells.values() if len(v) >= 2]
     if not gaps and not cvs[1]:
         return []
-    out = ["", "## Spread", ""]
+    out = ["", "## Spread", ""] + counters_against_lines(res)
     if gaps:
         out.append(f"Between repetitions of one cell ({len(gaps)} cells with two or more valid runs): "
                    f"median {median(gaps):.1f}, 90th percentile {_quantile(gaps, 0.9):.1f}, largest "
@@ -243,6 +245,25 @@ def spread(res: dict) -> list[str]:
                    "; ".join(f"{k} s: {100 * median(v):.1f}%, {100 * _quantile(v, 0.9):.1f}% ({len(v)})"
                              for k, v in cvs.items() if v) + ".")
     return out
+
+
+def counters_against_lines(res: dict) -> list[str]:
+    """How the exact rates (live counters) compare with what the result lines
+    alone gave, over the guest-runs whose lines covered at least the
+    validity bound: a check of both, and of how much the lines miss."""
+    bound = res["config"].get("min_coverage", 0.9)
+    gs = [g for r in res["runs"] for g in r["per_guest"].values() if "line_rate" in g]
+    both = [abs(g["line_rate"] - g["rate"]) / g["rate"] for g in gs
+            if g["line_coverage"] >= bound and g["rate"] > 0]
+    short = sum(1 for g in gs if g["line_coverage"] < bound)
+    if not gs:
+        return []
+    text = (f"Rates from live counters against rates from result lines: {len(gs)} guest-runs, "
+            f"{short} whose lines spanned under {100 * bound:.0f}% of the interval (they would have been invalid)")
+    if both:
+        text += (f"; where the lines did span it, they differ by a median {100 * median(both):.2f}%, "
+                 f"at most {100 * max(both):.2f}%")
+    return [text + ".", ""]
 
 
 def _rate(r: dict) -> float:

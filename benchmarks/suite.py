@@ -21,25 +21,28 @@ on the same booted guests:
    ``gang``, ``partial``, ``boost``, ...  all at once under that cosched
                 preset, switched live through the libvirt annotation.
 
-Per guest and run it records throughput (iterations per second of guest
-time, between the first and the last result line the guest printed inside
-the interval: lines counted after ``t0`` is taken and before ``t1`` is), its
-*coverage* (the guest time those lines span, over the interval), missed
-deadlines, the histogram of iteration times, and cosched's own hazard and
-skew figures for the interval; per run the daemon's switch latency, slot
-lateness and CPU time (daemon and switcher, percent of one CPU), and each
-vCPU thread's affinity, scheduling policy and cgroups at the start and at
-the end (``host_state``, read from /proc by this module alone).
+Per guest and run it records throughput and missed deadlines over exactly
+the interval, from the guest's live counters read from its memory right
+after ``t0`` and right before ``t1`` (:func:`counted`; iterations per second
+of host time between the two reads); the histogram of iteration times and
+the rate per whole second from the result lines the guest printed inside
+the interval (lines counted after ``t0`` and before ``t1``), and what those
+lines alone would give (``line_rate``, ``line_coverage``: the guest time
+they span over the interval); and cosched's own hazard and skew figures for
+the interval. Per run: the daemon's switch latency, slot lateness and CPU
+time (daemon and switcher, percent of one CPU), and each vCPU thread's
+affinity, scheduling policy and cgroups at the start and at the end
+(``host_state``, read from /proc by this module alone).
 
-A run is *valid* when every guest's coverage is at least 90%: a guest whose
-vCPUs barely ran prints too few lines to tell its rate, and a rate taken
-from two lines close together says nothing about the interval. An invalid
-run is measured again (``--retries`` times); if it stays invalid it is kept
-in ``results.json`` with ``valid: false``, shown as invalid in the report
-and never averaged in. In ``batch`` each guest runs alone until its lines
-span its share of the interval in its own time (:func:`batch_turn`); the
-run's interval is the sum of those spans, so neither the harness's work
-between turns nor a guest's resume counts. With truth
+A run is *valid* when every guest's measurement covers at least 90% of the
+interval: the two counter reads span it (they always do, unless the
+harness itself was held up), and in ``batch`` the guest's result lines
+span its turn. An invalid run is measured again (``--retries`` times); if
+it stays invalid it is kept in ``results.json`` with ``valid: false``,
+shown as invalid in the report and never averaged in. In ``batch`` each
+guest runs alone until its lines span its share of the interval in its own
+time (:func:`batch_turn`); the run's interval is the sum of those spans,
+so neither the harness's work between turns nor a guest's resume counts. With truth
 on (the default), every non-batch run also records the kernel's scheduler
 and cgroup-freeze events of the vCPU threads (:mod:`benchmarks.trace`) and
 computes each guest's exact hazard fraction and window skew over the same
@@ -163,6 +166,36 @@ def guest_window(results: list[dict], first: int, last: int, interval: float) ->
             "lines": len(rs), "coverage": coverage, "valid": coverage >= MIN_COVERAGE}
 
 
+def live_counters(gs: list[guests.Guest]) -> dict[str, tuple[float, dict]]:
+    """Each guest's live counters (:meth:`testbed.guests.Guest.counters`) and
+    the host's monotonic time of the read."""
+    out = {}
+    for g in gs:
+        c = g.counters()
+        if c is None:
+            raise RuntimeError(f"{g.name} has not said where its live counters are")
+        out[g.name] = (time.monotonic(), c)
+    return out
+
+
+def counted(start: tuple[float, dict], end: tuple[float, dict], interval: float, lines: dict) -> dict:
+    """A guest's figures over an interval from its live counters read at the
+    interval's two ends: exact, whether or not the guest printed anything
+    meanwhile (a guest whose vCPUs the host starves prints nothing, but its
+    counters still stand where it left them). Throughput is per second of
+    host time between the two reads, ``coverage`` that time over
+    ``interval``. What the result lines said (``lines``, from
+    :func:`guest_window`) is kept as ``line_rate`` and ``line_coverage``: the
+    histogram and the per-second rates still come from them."""
+    (ta, a), (tb, b) = start, end
+    seconds = tb - ta
+    coverage = seconds / interval if interval > 0 else 0.0
+    return {"rate": (b["iters"] - a["iters"]) / seconds if seconds > 0 else 0.0, "iters": b["iters"] - a["iters"],
+            "missed": b["missed"] - a["missed"], "errors": b["errors"] - a["errors"], "counted_seconds": seconds,
+            "coverage": coverage, "valid": coverage >= MIN_COVERAGE,
+            "line_rate": lines["rate"], "line_coverage": lines["coverage"]}
+
+
 def second_rates(rs: list[dict]) -> list[float]:
     """Rates over consecutive whole seconds of guest time, each between the
     first line at or after its start and the first at or after its end: the
@@ -236,6 +269,7 @@ def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: f
             time.sleep(0.5)                   # events before t0 give each thread's state at t0
         state0, modes0 = host_state(pids), modes_now(daemon, gs)
         s0, c0, t0, p0 = scrape(daemon), cpu_seconds(daemon.proc.pid), time.monotonic(), proc_states(pids)
+        live0 = live_counters(gs) if mode != "batch" else {}
         first = {g.name: len(g.results()) for g in gs}        # counted after t0: printed inside
         if mode == "batch":
             last = {}
@@ -245,6 +279,7 @@ def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: f
         else:
             time.sleep(seconds)
             last = {g.name: len(g.results()) for g in gs}     # counted before t1: printed inside
+        live1 = live_counters(gs) if live0 else {}
         s1, c1, t1, p1 = scrape(daemon), cpu_seconds(daemon.proc.pid), time.monotonic(), proc_states(pids)
         state1, modes1 = host_state(pids), modes_now(daemon, gs)
     span = sum(turns.values()) if turns else t1 - t0
@@ -253,6 +288,8 @@ def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: f
         w = guest_window(g.results(), first[g.name], last[g.name], seconds / len(gs) if turns else span)
         if g.name in turns:                     # batch: it ran only for its turn
             w["rate"] *= turns[g.name] / span if span > 0 else 0.0
+        else:
+            w.update(counted(live0[g.name], live1[g.name], span, w))
         d0, d1 = s0["domains"].get(g.name, {}), s1["domains"].get(g.name, {})
         observed = d1.get("observed", 0) - d0.get("observed", 0)
         n_skew = d1.get("count", 0) - d0.get("count", 0)

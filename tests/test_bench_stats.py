@@ -117,6 +117,21 @@ def test_a_rate_comes_only_from_lines_inside_the_interval_and_must_cover_it():
     assert not guest_window(rs, 4, 4, 5.0)["valid"]
 
 
+def test_live_counters_give_the_rate_over_exactly_the_interval():
+    from benchmarks.suite import counted, guest_window
+    c = lambda i, m=0: {"iters": i, "missed": m, "errors": 0}
+    # a guest the host starved: two lines close together, but its counters read 4.9 s apart
+    lines_said = guest_window(lines((0, 0), (1000, 100), (1100, 110)), 1, 3, 5.0)
+    w = counted((10.05, c(100, 1)), (14.95, c(590, 3)), 5.0, lines_said)
+    assert w["rate"] == pytest.approx(100.0) and w["iters"] == 490 and w["missed"] == 2
+    assert w["coverage"] == pytest.approx(0.98) and w["valid"]
+    assert w["line_coverage"] == pytest.approx(0.02) and w["line_rate"] == pytest.approx(100.0)
+    # no progress at all is a measured 0, not an invalid run
+    assert counted((0.0, c(7)), (5.0, c(7)), 5.0, lines_said)["rate"] == 0.0
+    # reads that do not span the interval (the harness held up) are invalid
+    assert not counted((0.0, c(0)), (4.0, c(400)), 5.0, lines_said)["valid"]
+
+
 def test_invalid_runs_are_counted_never_averaged():
     from benchmarks.report import aggregate, invalid_runs
     g = lambda rate: {"rate": rate, "iters": 10, "missed": 0, "hist": {}, "hazard": None, "skew_mean_ms": None}
