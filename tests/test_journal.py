@@ -202,7 +202,7 @@ def test_a_write_that_does_not_take_is_reported_and_kept(fake, fs, tmp_path):
     real = fs.write
     fs.write = lambda p, d: None                      # the kernel accepts the write and ignores it
     problems = jr.restore(j, k)
-    assert problems == ["rt:/cg/a/cpu.rt_runtime_us: written, but the host does not hold the original value"]
+    assert problems == ["rt:/cg/a/cpu.rt_runtime_us (original=0): written, but the host does not hold the original value"]
     assert len(jr.Journal(j.path)) == 1
     fs.write = real
     assert jr.restore(j, k) == [] and fs.read("/cg/a/cpu.rt_runtime_us") == "0"

@@ -215,6 +215,13 @@ def _describe(e: dict) -> str:
         f" attr={e['attr']}" if "attr" in e else "")
 
 
+def _about(key: str, e: dict) -> str:
+    """``key (what the entry adds to its key)``: a problem line that names its guest."""
+    extra = " ".join(f"{k}={v}" for k, v in e.items()
+                     if k not in ("kind", "cpumap", "depth") and str(v) not in key)
+    return f"{key} ({extra})" if extra else key
+
+
 def restore(journal: Journal, knobs: Mapping[str, Knob], kinds=ORDER,
             only: Callable[[dict], bool] = lambda e: True) -> list[str]:
     """Put back every original of the given kinds (and matching ``only``),
@@ -247,7 +254,7 @@ def restore(journal: Journal, knobs: Mapping[str, Knob], kinds=ORDER,
             if err.errno in GONE:
                 done.append(key)
             else:
-                problems.append(f"{key}: {os.strerror(err.errno) if err.errno else err}")
+                problems.append(f"{_about(key, e)}: {os.strerror(err.errno) if err.errno else err}")
             continue
         except Exception as err:            # a bad entry or a bug: say so, keep the entry
             problems.append(f"{key}: {type(err).__name__}: {err}")
@@ -255,10 +262,10 @@ def restore(journal: Journal, knobs: Mapping[str, Knob], kinds=ORDER,
         try:
             held = knob.verify(e)
         except Exception as err:            # cannot tell: keep it for the next try
-            problems.append(f"{key}: restored, but could not verify: {type(err).__name__}: {err}")
+            problems.append(f"{_about(key, e)}: restored, but could not verify: {type(err).__name__}: {err}")
             continue
         if not held:
-            problems.append(f"{key}: written, but the host does not hold the original value")
+            problems.append(f"{_about(key, e)}: written, but the host does not hold the original value")
             continue
         done.append(key)
         log.info("action=restored kind=%s %s", e["kind"], _describe(e))

@@ -48,9 +48,13 @@ class RtGrants:
         self.originals: dict[str, str] = {}
 
     def _write(self, path: str, value: int | str) -> None:
+        """Write and check: a grant the file does not hold afterwards is an error."""
         if path not in self.originals:
             self.originals[path] = self.fs.read(path).strip()
         self.fs.write(path, str(value))
+        held = self.fs.read(path).strip()
+        if held != str(value):
+            raise OSError(0, f"wrote {value}, the file holds {held}")
 
     def grant(self, wanted: dict[str, int]) -> set[str]:
         """Hold exactly ``wanted``; return the paths whose grant failed."""
@@ -62,7 +66,7 @@ class RtGrants:
                 self._write(p, wanted[p])
             except OSError as e:
                 if e.errno not in GONE:
-                    self.on_error(f"rt runtime {p}: {os.strerror(e.errno)}")
+                    self.on_error(f"rt runtime {p}: {_reason(e)}")
         for p in sorted(wanted, key=depth):
             if wanted[p] > current.get(p, 0):
                 try:
@@ -70,7 +74,7 @@ class RtGrants:
                 except OSError as e:
                     if e.errno not in GONE:
                         failed.add(p)
-                        self.on_error(f"RT runtime grant {p}={wanted[p]} failed: {os.strerror(e.errno)}")
+                        self.on_error(f"RT runtime grant {p}={wanted[p]} failed: {_reason(e)}")
         return failed
 
     def release(self, paths) -> None:
@@ -80,10 +84,14 @@ class RtGrants:
                 self.fs.write(p, self.originals.pop(p))
             except OSError as e:
                 if e.errno not in GONE:
-                    self.on_error(f"rt runtime restore {p}: {os.strerror(e.errno)}")
+                    self.on_error(f"rt runtime restore {p}: {_reason(e)}")
 
     def release_all(self) -> None:
         self.release(list(self.originals))
+
+
+def _reason(e: OSError) -> str:
+    return os.strerror(e.errno) if e.errno else str(e.strerror)
 
 
 class RtRuntimeKnob(FileKnob):

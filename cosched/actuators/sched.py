@@ -138,9 +138,10 @@ class SchedKnob:
         """The journal key of one thread's original attributes."""
         return f"{KIND}:{tid}:{start_time}"
 
-    def record(self, tid: int, start_time: int) -> tuple[str, dict]:
-        """The journal entry holding the thread's current attributes (read now)."""
-        return self.key(tid, start_time), {"kind": KIND, "tid": tid, "start_time": start_time,
+    def record(self, tid: int, start_time: int, **about) -> tuple[str, dict]:
+        """The journal entry holding the thread's current attributes (read
+        now); ``about`` (the guest's name, the vCPU index) names it in messages."""
+        return self.key(tid, start_time), {"kind": KIND, **about, "tid": tid, "start_time": start_time,
                                            "attr": self.get(tid).to_json()}
 
     def apply(self, tid: int, attr: SchedAttr) -> None:

@@ -185,7 +185,7 @@ class Engine:
             for v in d.vcpus:
                 if self.sched.key(v.tid, v.start_time) not in known:
                     try:
-                        k, e = self.sched.record(v.tid, v.start_time)
+                        k, e = self.sched.record(v.tid, v.start_time, name=d.name, vcpu=v.index)
                         entries[k] = e
                     except OSError as err:
                         log.warning("domain=%s vcpu=%d tid=%d action=sched-info-failed error=%r", d.name, v.index,
