@@ -67,9 +67,11 @@ integration: image services
 test: image services
 	$(PY) -m pytest -q tests
 
-# the long form of the fault suite: for now 10,000 fuzzed configs, presets and annotations each
-soak: venv
+# the long form of the fault suite: 10,000 fuzzed configs, presets and annotations each,
+# and 100 SIGKILLs of the daemon or its switcher at random points of a rotation
+soak: image services
 	COSCHED_FUZZ_EXAMPLES=10000 $(PY) -m pytest -q tests/test_fuzz.py
+	COSCHED_KILLS=100 $(PY) -m pytest -q tests/integration/test_chaos.py
 
 demo: image services
 	$(PY) -m testbed.demo

@@ -27,7 +27,7 @@ def build_daemon(config: Config, *, dry_run: bool = False, config_path: str | No
     source = LibvirtSource(config.connect, wake.set)
     engine = Engine(fs, Journal(config.journal_path), LibvirtPinner(source.live_conn),
                     reserved_cpus=config.reserved_cpus, max_stall_ms=config.max_stall_ms,
-                    switcher_priority=config.switcher_priority, dry_run=dry_run)
+                    switcher_priority=config.switcher_priority, dry_run=dry_run, resync=wake.set)
     sampler = Sampler(fs, config.sample_interval_ms / 1000.0, latest.get, wake.set, costop=engine.costop)
     return Daemon(config, fs=fs, source=source, engine=engine, sampler=sampler, latest=latest, wake=wake,
                   dry_run=dry_run, config_path=config_path, overrides=overrides)

@@ -143,3 +143,28 @@ def test_a_thread_whose_original_could_not_be_read_is_never_boosted(fake, fs, tm
         assert all(tid not in (101, 102) for tid, _ in sched.calls)       # vm0 unboosted: 102 unrecorded
     finally:
         engine.release()
+
+
+def test_a_dead_switcher_is_undone_and_replaced_at_once(fake, fs, tmp_path):
+    import threading
+    import time
+    asked = threading.Event()
+    journal = Journal(str(tmp_path / "run/journal"))
+    knob = FakeSched().knob(fs)
+    engine = Engine(fs, journal, FakePinner(), sched=knob, switcher_factory=ThreadSwitcher.factory(fs, knob),
+                    resync=asked.set)
+    try:
+        snap = snapshot(fake, fs, 2)
+        engine.reconcile(snap)
+        assert [freeze_file(fake, i, 0).read_text() for i in range(2)] == ["0", "1"]
+        time.sleep(1.0)                                   # one that dies at once is not restarted in a loop
+        first = engine._proc
+        first.switcher.release_all = lambda: None         # killed: it cleans nothing up itself
+        first.kill()
+        assert asked.wait(5), "the daemon was not asked to resync"
+        assert all(freeze_file(fake, i, v).read_text() == "0" for i in range(2) for v in range(2))
+        engine.reconcile(snap)                            # the resync it asked for
+        assert engine._proc is not first and engine._proc.poll() is None
+        assert sorted(freeze_file(fake, i, 0).read_text() for i in range(2)) == ["0", "1"]
+    finally:
+        assert engine.release() == []

@@ -24,6 +24,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Callable
@@ -75,11 +76,15 @@ class Engine:
     (the scheduling knob: reads and writes thread attributes) and
     ``switcher_factory`` (``env -> handle`` with ``stdin``, ``stdout``,
     ``poll``, ``wait``, ``kill`` and ``pid``, like :class:`subprocess.Popen`).
+    ``resync`` asks the daemon for a reconcile soon: called when the
+    switcher died, so that a new one takes over the rotation (and the
+    pinning that only a running rotation may keep) at once.
     """
 
     def __init__(self, fs: HostFS, journal: jr.Journal, pinner, *, reserved_cpus=(), max_stall_ms: int = 500,
                  switcher_priority: int = 50, dry_run: bool = False, sched: SchedKnob | None = None,
-                 switcher_factory: Callable[[dict], object] = spawn_switcher):
+                 switcher_factory: Callable[[dict], object] = spawn_switcher,
+                 resync: Callable[[], None] = lambda: None):
         self.fs = fs
         self.journal = journal
         self.pinner = pinner
@@ -90,6 +95,7 @@ class Engine:
         self.sched = sched if sched is not None else SchedKnob(fs)
         self.knobs = {"sched": self.sched, "freeze": FreezerKnob(fs), "rt": RtRuntimeKnob(fs), "pin": PinKnob(pinner)}
         self.switcher_factory = switcher_factory
+        self.resync = resync
         self.plan = Plan()
         self.paused = False
         self._stats = EngineStats()
@@ -295,6 +301,7 @@ class Engine:
                    COSCHED_HOST_ROOT=str(self.fs.root))
         self._ready = False
         self._proc = self.switcher_factory(env)
+        self._proc.started_at = time.monotonic()
         threading.Thread(target=self._read_switcher, args=(self._proc,), name="switcher-stats", daemon=True).start()
         with self._acks:
             ready = self._acks.wait_for(lambda: self._ready, timeout)
@@ -321,8 +328,12 @@ class Engine:
                 self._account(msg)
         code = proc.wait()
         if not getattr(proc, "stopping", False):
-            log.error("action=switcher-died code=%s: restoring thread policies and cgroup files", code)
+            lived = time.monotonic() - getattr(proc, "started_at", 0.0)
+            log.error("action=switcher-died code=%s lived_s=%.1f: restoring thread policies and cgroup files, "
+                      "restarting it %s", code, lived, "now" if lived >= 1.0 else "at the next resync")
             self._restore(kinds=("sched", "freeze", "rt"))
+            if lived >= 1.0:                 # one that dies at once is not restarted in a loop
+                self.resync()
 
     def _account(self, msg: pr.Stats) -> None:
         with self.lock:

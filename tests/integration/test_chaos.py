@@ -1,0 +1,210 @@
+"""Faults on a live host: kills, a libvirtd restart, annotation storms.
+
+**SIGKILL at random points of a rotation: nothing outlives ``max_stall_ms``.**
+Three busy 2-vCPU guests: two take turns under ``gang``, the third is watched
+under ``relaxed`` with boosts. Round after round, at a random moment once the
+daemon enforces, the test SIGKILLs the daemon together with its switcher
+(then starts the daemon again, on the same journal) or the switcher alone
+(the daemon restores what it left and starts a new one). A sampler reads every
+vCPU's freeze state and scheduling policy every millisecond from before the
+kill until well after the restart.
+
+What a killed switcher left behind (a vCPU frozen, or boosted above the
+policy it had) must be gone within ``max_stall_ms`` of the restart: of the
+daemon answering again, or of the kill when only the switcher died. Once back,
+the gang rotates again (its pinning is a rotation's, not a leftover), and
+after the last round a clean stop leaves the host as it was.
+
+``COSCHED_KILLS`` rounds (default 6, half of each kind); ``make soak`` runs 100.
+
+**libvirtd restarted under load**: the rotation never stops, the daemon is
+connected again within 5 s of libvirtd answering, and a policy change made
+afterwards is taken up. **An annotation flapping** every 100 ms between
+``gang`` and ``none`` for 10 s: the daemon keeps running, settles on the last
+one, and nothing is left behind.
+"""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import threading
+import time
+
+import psutil
+import pytest
+
+from testbed import guests, services
+
+from .conftest import PREFIX, DaemonProcess
+from .test_enforce import host_state, set_policy, vcpu_cgroups
+
+NAMES = [PREFIX + f"kill-{c}" for c in "abc"]
+ROUNDS = int(os.environ.get("COSCHED_KILLS", "6"))
+MAX_STALL = 0.5
+SAMPLE = 0.001
+SLACK = 0.05             # the sampler's own lateness on a busy 2-CPU host
+
+
+@pytest.fixture(scope="module")
+def busy(libvirtd, guest_image):
+    started = []
+    try:
+        for name in NAMES:                         # each boots with the others paused
+            for g in started:
+                g.dom.suspend()
+            g = guests.start(name, workload="barrier", image=guest_image)
+            started.append(g)
+            g.wait_for("cosched-result")
+            for o in started[:-1]:
+                o.dom.resume()
+        yield started
+    finally:
+        for g in started:
+            g.destroy()
+
+
+class Sampler(threading.Thread):
+    """Every millisecond, which vCPUs are frozen and which run above SCHED_OTHER/BATCH/IDLE."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.files = {cg: f"{cg}/cgroup.events" for n in NAMES for cg in vcpu_cgroups(n)}
+        self.tids = {cg: int(open(f"{cg}/cgroup.threads").read().split()[0]) for cg in self.files}
+        self.samples: list[tuple[float, frozenset, frozenset]] = []
+        self.halt = threading.Event()
+
+    def run(self):
+        while not self.halt.is_set():
+            frozen, boosted = set(), set()
+            for cg, events in self.files.items():
+                if open(events).read().split()[-1] == "1":
+                    frozen.add(cg)
+                try:
+                    if os.sched_getscheduler(self.tids[cg]) not in (os.SCHED_OTHER, os.SCHED_BATCH, os.SCHED_IDLE):
+                        boosted.add(cg)
+                except OSError:
+                    pass
+            self.samples.append((time.monotonic(), frozenset(frozen), frozenset(boosted)))
+            time.sleep(SAMPLE)
+
+    def leftovers(self, killed: float, up: float) -> list[str]:
+        """Stretches of freezing or boosting under way at the kill that outlived ``up + MAX_STALL``."""
+        out = []
+        for what, index in (("frozen", 1), ("boosted", 2)):
+            for cg in self.files:
+                at_kill = [s for s in self.samples if s[0] <= killed]
+                if not at_kill or cg not in at_kill[-1][index]:
+                    continue
+                ended = next((t for t, *sets in self.samples if t > killed and cg not in sets[index - 1]), None)
+                if ended is None or ended > up + MAX_STALL + SLACK:
+                    out.append(f"{cg} {what} at the kill, still {what} "
+                               f"{'to the end' if ended is None else f'{ended - up:.3f} s after the restart'}")
+        return out
+
+
+def enforcing(daemon: DaemonProcess, switches: int):
+    s = daemon.status()
+    if not s:
+        return False
+    doms = {d["name"]: d for d in s["domains"]}
+    return (s["daemon"]["engine"]["switches"].get("gang", 0) >= switches and
+            sum(v["costops"] + v["boosts"] for v in doms[NAMES[2]]["vcpus"]) > 0)
+
+
+def test_sigkill_at_random_points_leaves_nothing_past_max_stall(busy, tmp_path):
+    for name in NAMES[:2]:
+        set_policy(name, '<policy name="gang"/>')
+    set_policy(NAMES[2], '<policy name="relaxed" boost="true"/>')
+    before = host_state(NAMES)
+    rng = random.Random(int(os.environ.get("COSCHED_KILL_SEED", "0")) or None)
+    daemon = DaemonProcess(tmp_path).start()
+    problems, kinds = [], {"daemon": 0, "switcher": 0}
+    try:
+        for n in range(ROUNDS):
+            switches = daemon.status()["daemon"]["engine"]["switches"].get("gang", 0)
+            daemon.wait(lambda: enforcing(daemon, switches + 3), 20, "gang rotating and relaxed acting")
+            kind = "daemon" if n % 2 == 0 else "switcher"
+            sampler = Sampler()
+            sampler.start()
+            time.sleep(rng.uniform(0.0, 0.15))                     # a random point of the rotation
+            if kind == "daemon":
+                os.killpg(os.getpgid(daemon.proc.pid), signal.SIGKILL)
+                daemon.proc.wait()
+                killed = time.monotonic()
+                daemon.start()
+                up = time.monotonic()
+            else:
+                switcher = psutil.Process(daemon.proc.pid).children()
+                assert len(switcher) == 1, switcher
+                switcher[0].kill()
+                killed = up = time.monotonic()
+            time.sleep(MAX_STALL + 0.5)
+            sampler.halt.set()
+            sampler.join()
+            kinds[kind] += 1
+            assert any(s[1] or s[2] for s in sampler.samples if s[0] <= killed), \
+                f"round {n}: nothing was frozen or boosted when {kind} was killed: nothing tested"
+            problems += [f"round {n} ({kind} killed): {p}" for p in sampler.leftovers(killed, up)]
+            assert daemon.proc.poll() is None, daemon.log.read_text()[-3000:]
+    finally:
+        assert daemon.stop() == 0
+    assert problems == []
+    assert kinds == {"daemon": (ROUNDS + 1) // 2, "switcher": ROUNDS // 2}
+    assert host_state(NAMES) == before
+
+
+def switches(daemon: DaemonProcess) -> int:
+    return (daemon.status() or {"daemon": {"engine": {"switches": {}}}})["daemon"]["engine"]["switches"].get("gang", 0)
+
+
+def test_libvirtd_restart_under_load_keeps_the_rotation_and_resyncs(busy, tmp_path):
+    for name in NAMES:
+        set_policy(name, '<policy name="gang"/>')
+    before = host_state(NAMES)
+    daemon = DaemonProcess(tmp_path).start()
+    try:
+        daemon.wait(lambda: switches(daemon) > 5, 20, "a gang of three rotating")
+        subprocess.run(["pkill", "-x", "libvirtd"], check=True)
+        daemon.wait(lambda: not daemon.status()["daemon"]["libvirt"]["connected"], 15, "libvirtd gone")
+        during = switches(daemon)
+        time.sleep(1.0)
+        assert switches(daemon) > during + 5, "the rotation stopped without libvirtd"
+        services.ensure()
+        answered = time.monotonic()
+        daemon.wait(lambda: daemon.status()["daemon"]["libvirt"]["connected"], 15, "reconnected")
+        assert time.monotonic() - answered <= 5.0, f"reconnected {time.monotonic() - answered:.1f} s after libvirtd answered"
+        set_policy(NAMES[2], '<policy name="none"/>')        # enforcement follows libvirt again
+        daemon.wait(lambda: [len(c["members"]) for c in daemon.status()["daemon"]["engine"]["cells"]] == [2], 5,
+                    "the guest left the gang")
+        assert daemon.proc.poll() is None
+    finally:
+        assert daemon.stop() == 0
+    set_policy(NAMES[2], '<policy name="gang"/>')
+    assert host_state(NAMES) == before
+
+
+def test_an_annotation_flapping_every_100_ms_settles_and_leaves_nothing(busy, tmp_path):
+    for name in NAMES:
+        set_policy(name, '<policy name="gang"/>')
+    before = host_state(NAMES)
+    daemon = DaemonProcess(tmp_path).start()
+    try:
+        daemon.wait(lambda: switches(daemon) > 5, 20, "a gang of three rotating")
+        flips = 0
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            set_policy(NAMES[2], '<policy name="none"/>' if flips % 2 == 0 else '<policy name="gang"/>')
+            flips += 1
+            time.sleep(0.1)
+        last = "none" if flips % 2 == 1 else "gang"
+        members = 2 if last == "none" else 3
+        daemon.wait(lambda: [len(c["members"]) for c in daemon.status()["daemon"]["engine"]["cells"]] == [members]
+                    and daemon.domain(NAMES[2])["policy"] == last, 3, f"settled on {last}")
+        assert flips >= 30 and daemon.proc.poll() is None
+        assert "Traceback" not in daemon.log.read_text()
+    finally:
+        assert daemon.stop() == 0
+    set_policy(NAMES[2], '<policy name="gang"/>')
+    assert host_state(NAMES) == before
