@@ -1,4 +1,4 @@
-"""The libvirt annotation that selects a guest's policy, parsed in one place.
+"""What a guest asks for: the libvirt annotation, or a Proxmox VE tag. Parsed in one place.
 
 In the domain XML::
 
@@ -15,6 +15,23 @@ that preset (dashes, as in the preset file). Set it on a running guest with::
 Anything wrong (unknown attribute, bad value, unknown preset, two policy
 elements, unparsable XML) raises :class:`AnnotationError` whose ``attribute``
 names the culprit; the daemon then observes the guest without managing it.
+The status file a private libvirtd keeps of a running guest (a
+``<domstatus>`` around the ``<domain>``) carries the same annotation.
+
+Proxmox VE guests are not libvirt domains: they ask with a tag in their
+configuration (``tags: cosched-gang`` in ``/etc/pve/qemu-server/VMID.conf``,
+set with ``qm set VMID --tags cosched-gang``). The grammar::
+
+    cosched-<preset>[-<alias><value>]...
+
+The longest run of words naming a preset selects it (so a site preset may
+have dashes in its name); each following word sets one parameter, by a
+one-letter alias (:data:`TAG_ALIASES`: ``q`` quantum-ms, ``w`` weight, ``p``
+priority, ``b`` boost-ms, ``s`` costop-ms, ``t`` costart-ms, ``d`` dwell-s)
+and an integer, or is ``boost`` / ``noboost``. ``cosched-gang-q20-w2``:
+gang, 20 ms quanta, weight 2. ``auto``'s ``allow`` cannot be written in a
+tag (Proxmox's tags allow no commas). A guest may carry one ``cosched-``
+tag; other tags are left alone.
 """
 from __future__ import annotations
 
@@ -79,8 +96,52 @@ def policy_from_element(element: ET.Element, presets: Presets) -> PolicySpec:
 
 
 def domain_policy(domain_xml: str, presets: Presets, default_preset: str) -> PolicySpec:
-    """The policy of a domain: its annotation, else ``default_preset``."""
-    element = find_annotation(parse_domain_xml(domain_xml))
+    """The policy of a domain (or of a ``<domstatus>``'s domain): its annotation, else ``default_preset``."""
+    root = parse_domain_xml(domain_xml)
+    if root.tag == "domstatus":
+        root = root.find("domain")
+        if root is None:
+            raise AnnotationError("xml", "a <domstatus> without a <domain>")
+    element = find_annotation(root)
     if element is None:
         return presets.spec(default_preset, {}, source="default")
     return policy_from_element(element, presets)
+
+
+TAG_PREFIX = "cosched-"
+TAG_ALIASES = {"q": "quantum-ms", "w": "weight", "p": "priority", "b": "boost-ms", "s": "costop-ms",
+               "t": "costart-ms", "d": "dwell-s"}
+
+
+class TagError(AnnotationError):
+    def __init__(self, tag: str, message: str):
+        ValueError.__init__(self, f"tag {tag!r}: {message}")
+        self.attribute = tag
+
+
+def tag_policy(tags, presets: Presets, default_preset: str) -> PolicySpec:
+    """The policy a Proxmox VE guest's tags ask for (grammar above), else ``default_preset``."""
+    ours = [t for t in tags if t.lower().startswith(TAG_PREFIX)]
+    if not ours:
+        return presets.spec(default_preset, {}, source="default")
+    if len(ours) > 1:
+        raise TagError(ours[1], f"a guest may carry one {TAG_PREFIX} tag, this one has {len(ours)}: {', '.join(ours)}")
+    tag = ours[0]
+    words = tag[len(TAG_PREFIX):].lower().split("-")
+    known = set(presets.by_name)
+    cut = next((n for n in range(len(words), 0, -1) if "-".join(words[:n]) in known), None)
+    if cut is None:
+        raise TagError(tag, f"names no preset (known: {', '.join(sorted(known))})")
+    params: dict[str, object] = {}
+    for word in words[cut:]:
+        if word in ("boost", "noboost"):
+            params["boost"] = "true" if word == "boost" else "false"
+        elif word[:1] in TAG_ALIASES and word[1:].isdigit():
+            params[TAG_ALIASES[word[0]]] = word[1:]
+        else:
+            raise TagError(tag, f"{word!r} is no parameter (an alias and a number, as q20, or boost/noboost; "
+                                f"aliases: {', '.join(f'{a}={p}' for a, p in TAG_ALIASES.items())})")
+    try:
+        return presets.spec("-".join(words[:cut]), params, source="annotation")
+    except ParamError as e:
+        raise TagError(tag, str(e)) from None

@@ -215,10 +215,8 @@ def _reset_offline(config: Config) -> list[str]:
     import os
 
     from cosched.actuators import journal as jr
-    from cosched.actuators.freezer import FreezerKnob
-    from cosched.actuators.pinning import LibvirtPinner, PinKnob
-    from cosched.actuators.rt_runtime import RtRuntimeKnob
-    from cosched.actuators.sched import SchedKnob
+    from cosched.actuators import knobs
+    from cosched.actuators.pinning import LibvirtPinner
     from cosched.hostfs import HostFS
 
     if not os.path.exists(config.journal_path):
@@ -236,8 +234,7 @@ def _reset_offline(config: Config) -> list[str]:
             pinner = LibvirtPinner(lambda: conn)
         except Exception as e:  # libvirt down: pinning stays journaled for the next try
             print(f"cosched reset: cannot reach libvirt at {config.connect}: {e}", file=sys.stderr)
-    knobs = {k.kind: k for k in (SchedKnob(fs), FreezerKnob(fs), RtRuntimeKnob(fs), PinKnob(pinner))}
-    return problems + jr.restore(journal, knobs)
+    return problems + jr.restore(journal, knobs(fs, pinner))
 
 
 def _presets(config: Config):

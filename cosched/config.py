@@ -3,7 +3,8 @@
 Every key is optional; an unknown key or a value of the wrong type is an
 error naming the key. Command-line options override the file. SIGHUP
 re-reads it (see :meth:`cosched.daemon.Daemon.reload`); ``connect``,
-``metrics_address``, ``state_dir`` and ``switcher_priority`` need a restart.
+``metrics_address``, ``state_dir``, ``switcher_priority``, ``sources`` and
+``pve_config_dir`` need a restart.
 
 ``connect`` (string, default ``qemu:///system``)
     libvirt URI.
@@ -27,6 +28,14 @@ re-reads it (see :meth:`cosched.daemon.Daemon.reload`); ``connect``,
 ``switcher_priority`` (integer 2-99, default 50)
     SCHED_FIFO priority of the switch loop; gang-slot boosts stay below it
     (watched boosts are SCHED_DEADLINE: above it, for at most a few ms).
+``sources`` (list of ``libvirt``, ``processes``; default ``["libvirt"]``)
+    where guests are found: the host's libvirtd (at ``connect``), and QEMU
+    processes no host libvirtd runs (Proxmox VE, KubeVirt pods, hand-started;
+    see :mod:`cosched.discovery.processes`). A Proxmox VE host, which has no
+    libvirtd, sets ``["processes"]``.
+``pve_config_dir`` (string, default ``/etc/pve/qemu-server``)
+    where the ``processes`` source reads a Proxmox VE guest's ``VMID.conf``
+    for its ``cosched-`` tag.
 """
 from __future__ import annotations
 
@@ -53,6 +62,8 @@ class Config:
     reserved_cpus: tuple[int, ...] = ()
     max_stall_ms: int = 500
     switcher_priority: int = 50
+    sources: tuple[str, ...] = ("libvirt",)
+    pve_config_dir: str = "/etc/pve/qemu-server"
 
     @property
     def socket_path(self) -> str:
@@ -73,6 +84,7 @@ def parse_address(text: str, key: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+SOURCES = ("libvirt", "processes")
 _RANGES = {"sample_interval_ms": (1, 1000), "resync_interval_s": (0.2, 300), "max_stall_ms": (10, 10000),
            "switcher_priority": (2, 99)}
 
@@ -84,6 +96,10 @@ def _check(key: str, value: object, default: object) -> object:
             raise ConfigError(f"{key}: expected a list of {item.__name__}s, got {value!r}")
         if item is int and any(v < 0 for v in value):
             raise ConfigError(f"{key}: CPU numbers cannot be negative")
+        if key == "sources":
+            bad = [v for v in value if v not in SOURCES]
+            if bad or not value or len(set(value)) != len(value):
+                raise ConfigError(f"{key}: expected one or both of {', '.join(SOURCES)}, each once, got {value!r}")
         return tuple(value)
     if isinstance(default, float):
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)

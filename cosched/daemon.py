@@ -52,7 +52,7 @@ class Latest:
 
 
 # Settings a running daemon cannot take over on SIGHUP: they need a restart.
-RESTART_KEYS = ("connect", "metrics_address", "state_dir", "switcher_priority")
+RESTART_KEYS = ("connect", "metrics_address", "state_dir", "switcher_priority", "sources", "pve_config_dir")
 STALL_SECONDS = 10.0      # no sample for this long: unhealthy, the watchdog is not fed
 
 
@@ -73,7 +73,6 @@ class Daemon:
         self.wake = wake
         self._reload = threading.Event()
         self.latest = latest
-        self._facts: list = []
         self.source = source
         self.engine = engine
         self.sampler = sampler
@@ -82,6 +81,7 @@ class Daemon:
         self._http = None
         self._samples_seen, self._sampled_at, self._unhealthy = -1, time.monotonic(), False
         self.auto = Auto()
+        self.last_resync_s: float | None = None
 
     @property
     def snapshot(self) -> Snapshot | None:
@@ -89,17 +89,14 @@ class Daemon:
 
     # -- discovery ------------------------------------------------------
     def resync(self) -> Snapshot:
-        facts = self.source.domains()
-        connected = facts is not None
-        if connected:
-            self._facts = facts
-        # Disconnected: guests keep running without libvirtd, so keep
-        # observing the last known ones (their threads are re-read from /proc).
-        snap = build_snapshot(self.fs, self._facts, self.presets, self.config.default_policy, connected)
+        started = time.monotonic()
+        facts = self.source.domains()       # a source that cannot answer gives its last known guests
+        snap = build_snapshot(self.fs, facts, self.presets, self.config.default_policy, self.source.connected)
         for level, line in report.changes(self.snapshot, snap):
             log.log(level, line)
         self.latest.snapshot = snap
         self.engine.reconcile(self.auto.effective(snap))
+        self.last_resync_s = time.monotonic() - started
         return snap
 
     def reload(self) -> None:
@@ -108,9 +105,9 @@ class Daemon:
         Managed guests stay managed throughout: the next resync replans with
         the new settings and changes only what differs. A configuration that
         does not validate is refused as a whole (logged, the running one
-        kept). ``connect``, ``metrics_address``, ``state_dir`` and
-        ``switcher_priority`` need a restart: a change to them is logged and
-        the running value kept. Command-line options still override the file.
+        kept). ``connect``, ``metrics_address``, ``state_dir``,
+        ``switcher_priority``, ``sources`` and ``pve_config_dir`` need a
+        restart: a change to them is logged and the running value kept. Command-line options still override the file.
         """
         self.notifier.reloading()
         try:
@@ -244,6 +241,7 @@ class Daemon:
             "sample_interval_ms": self.config.sample_interval_ms,
             "samples": self.sampler.samples,
             "late_samples": self.sampler.late,
+            "last_resync_seconds": self.last_resync_s,
             "preset_errors": list(self.presets.errors),
         }
         engine = {"paused": self.engine.paused, "max_stall_limit_ms": self.engine.max_stall_ms,

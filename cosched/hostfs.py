@@ -47,6 +47,13 @@ class HostFS:
     def exists(self, host_path: str) -> bool:
         return self.path(host_path).exists()
 
+    def mkdir(self, host_path: str) -> None:
+        os.mkdir(self.path(host_path))
+
+    def rmdir(self, host_path: str) -> None:
+        """Remove a directory (a cgroup: its control files go with it)."""
+        os.rmdir(self.path(host_path))
+
     def open_fd(self, host_path: str) -> int:
         """A read-only descriptor, for files sampled many times a second."""
         return os.open(self.path(host_path), os.O_RDONLY | os.O_CLOEXEC)

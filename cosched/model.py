@@ -86,6 +86,7 @@ class Domain:
     policy: PolicySpec | None                  # None when the annotation is invalid
     error: str | None = None                   # why the domain is not managed
     warnings: tuple[str, ...] = ()
+    source: str = "libvirt"                    # "libvirt": the host's libvirtd runs it; "qemu": found in /proc
 
 
 @dataclass(frozen=True)

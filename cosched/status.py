@@ -102,6 +102,7 @@ def document(snap: Snapshot | None, views: Mapping, plan: Plan, stats, live: Map
             "name": d.name,
             "uuid": d.uuid,
             "pid": d.pid,
+            "source": d.source,
             "policy": d.policy.preset if d.policy else None,
             "policy_kind": d.policy.kind if d.policy else None,
             "policy_source": d.policy.source if d.policy else None,

@@ -1,7 +1,8 @@
 """The wiring: builds the real adapters and hands them to the daemon.
 
-The only module that chooses concrete collaborators: the libvirt source, the
-libvirt pinner, the engine with its switcher process, and the sampler, all on
+The only module that chooses concrete collaborators: the sources of guests
+(the host's libvirtd, QEMU processes in /proc), the libvirt pinner, the
+engine with its switcher process, and the sampler, all on
 the host's real filesystem root. Tests build a :class:`~cosched.daemon.Daemon`
 or an :class:`~cosched.engine.Engine` from fakes instead.
 """
@@ -13,7 +14,9 @@ from cosched.actuators.journal import Journal
 from cosched.actuators.pinning import LibvirtPinner
 from cosched.config import Config
 from cosched.daemon import Daemon, Latest
+from cosched.discovery import Sources
 from cosched.discovery.libvirt import LibvirtSource
+from cosched.discovery.processes import ProcessSource
 from cosched.engine import Engine
 from cosched.hostfs import HostFS
 from cosched.sampler import Sampler
@@ -24,8 +27,12 @@ def build_daemon(config: Config, *, dry_run: bool = False, config_path: str | No
     fs = HostFS(root)
     wake = threading.Event()
     latest = Latest()
-    source = LibvirtSource(config.connect, wake.set)
-    engine = Engine(fs, Journal(config.journal_path), LibvirtPinner(source.live_conn),
+    found = {"libvirt": lambda: LibvirtSource(config.connect, wake.set),
+             "processes": lambda: ProcessSource(fs, config.pve_config_dir)}
+    each = {name: found[name]() for name in config.sources}
+    source = Sources(each.values())
+    libvirt = each.get("libvirt")
+    engine = Engine(fs, Journal(config.journal_path), LibvirtPinner(libvirt.live_conn) if libvirt else None,
                     reserved_cpus=config.reserved_cpus, max_stall_ms=config.max_stall_ms,
                     switcher_priority=config.switcher_priority, dry_run=dry_run, resync=wake.set)
     sampler = Sampler(fs, config.sample_interval_ms / 1000.0, latest.get, wake.set, costop=engine.costop)

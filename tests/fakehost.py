@@ -52,6 +52,7 @@ class FakeHost:
         base = f"/proc/{pid}/task/{tid}"
         self.write(f"{base}/comm", comm + "\n")
         self.write(f"{base}/cgroup", f"1:cpu:{cgroup}\n0::{cgroup}\n")
+        self.write(f"/proc/{tid}/cgroup", f"1:cpu:{cgroup}\n0::{cgroup}\n")
         self.stat(pid, tid, comm, policy=policy, prio=prio)
         self.write(f"{base}/status", f"Name:\t{comm}\nCpus_allowed_list:\t{cpus}\n")
         self.schedstat(pid, tid, run_ns, wait_ns)

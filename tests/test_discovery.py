@@ -99,5 +99,5 @@ def test_snapshot_with_valid_invalid_and_default(fake, fs):
 
 
 def test_domain_whose_process_is_gone(fs):
-    d = build_domain(fs, read_host(fs), "vm1", UUID, GANG_XML, Presets.load([]), "none")
+    d = build_domain(fs, read_host(fs), DomainFacts("vm1", UUID, GANG_XML), Presets.load([]), "none")
     assert d.pid is None and d.vcpus == ()

@@ -1,9 +1,28 @@
 """Actuators: one small module per knob cosched turns on the host.
 
-``freezer`` (cgroup v2 ``cgroup.freeze`` of libvirt's per-vCPU cgroups),
-``sched`` (SCHED_FIFO boosts and, on kernels with RT group scheduling, the
-``cpu.rt_runtime_us`` grants they need), ``pinning`` (libvirt's own vCPU
-pinning API). Before its first write to anything, the engine records the
-original value in the :mod:`~cosched.actuators.journal`; ``cosched reset``
-and the daemon's exit replay it.
+``freezer`` (cgroup v2 ``cgroup.freeze`` of the per-vCPU cgroups), ``sched``
+(scheduling attributes: boosts), ``rt_runtime`` (on kernels with RT group
+scheduling, the ``cpu.rt_runtime_us`` grants FIFO boosts need), ``pinning``
+(libvirt's own vCPU pinning API, for the host libvirtd's guests) and
+``affinity`` (``sched_setaffinity``, for QEMU processes no host libvirtd
+runs) and ``placement`` (per-vCPU cgroups for guests that have none, as
+Proxmox VE's). Before its first write to anything, the engine records the original
+value in the :mod:`~cosched.actuators.journal`; ``cosched reset`` and the
+daemon's exit replay it. :func:`knobs` is the one list of them.
 """
+from __future__ import annotations
+
+
+def knobs(fs, pinner, sched=None, affinity=None) -> dict:
+    """Every knob, by the journal ``kind`` it restores; ``sched`` and
+    ``affinity`` default to the real system calls (tests pass fakes)."""
+    from cosched.actuators.affinity import AffinityKnob
+    from cosched.actuators.freezer import FreezerKnob
+    from cosched.actuators.pinning import PinKnob
+    from cosched.actuators.placement import PlacementKnob
+    from cosched.actuators.rt_runtime import RtRuntimeKnob
+    from cosched.actuators.sched import SchedKnob
+
+    found = (sched or SchedKnob(fs), FreezerKnob(fs), RtRuntimeKnob(fs), PinKnob(pinner), affinity or AffinityKnob(fs),
+             PlacementKnob(fs))
+    return {k.kind: k for k in found}

@@ -23,7 +23,9 @@ Each entry belongs to one knob, named by its ``kind``, and only that knob's
 module knows how to restore it: ``sched`` (:mod:`~cosched.actuators.sched`),
 ``freeze`` (:mod:`~cosched.actuators.freezer`), ``rt``
 (:mod:`~cosched.actuators.rt_runtime`), ``pin``
-(:mod:`~cosched.actuators.pinning`). Keys make the first recording win.
+(:mod:`~cosched.actuators.pinning`), ``affinity``
+(:mod:`~cosched.actuators.affinity`), ``place``
+(:mod:`~cosched.actuators.placement`). Keys make the first recording win.
 """
 from __future__ import annotations
 
@@ -40,8 +42,9 @@ log = logging.getLogger("cosched.journal")
 GONE = (errno.ENOENT, errno.ESRCH, errno.ENODEV)
 HEADER = "cosched-journal 2"
 # Restore order: threads back to their policy before their group's RT runtime
-# drops; freeze files; RT runtime deepest first; pinning last.
-ORDER = ("sched", "freeze", "rt", "pin")
+# drops; freeze files; RT runtime deepest first; pinning; threads back into
+# the cgroups cosched moved them out of, last.
+ORDER = ("sched", "freeze", "rt", "pin", "affinity", "place")
 
 
 class Gone(Exception):

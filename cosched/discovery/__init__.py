@@ -1,15 +1,19 @@
 """Discovery: the only code that reads libvirt, /proc and /sys to build the model.
 
 ``host`` reads the CPU topology and cgroup layout, ``threads`` maps a QEMU
-process's threads to vCPU indexes, ``libvirt`` keeps a connection with events
-and reconnects, and :func:`build_snapshot` ties them into a
-:class:`~cosched.model.Snapshot`.
+process's threads to vCPU indexes, ``libvirt`` keeps a connection to the
+host's libvirtd with events and reconnects, ``processes`` finds the QEMU
+processes no host libvirtd runs (``qemu`` reads their command lines), and
+:func:`build_snapshot` ties them into a :class:`~cosched.model.Snapshot`.
+
+Every source hands :func:`build_snapshot` the same :class:`DomainFacts`.
 """
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
-from cosched.annotation import AnnotationError, domain_policy
+from cosched.annotation import AnnotationError, domain_policy, tag_policy
 from cosched.discovery.host import read_host
 from cosched.discovery.threads import find_qemu_pid, vcpu_threads
 from cosched.hostfs import HostFS
@@ -18,18 +22,41 @@ from cosched.policy.params import ParamError
 from cosched.policy.presets import Presets
 
 
-def build_domain(fs: HostFS, host: Host, name: str, uuid: str, xml: str,
-                 presets: Presets, default_preset: str) -> Domain:
-    """One domain of the model from libvirt's facts and /proc."""
+@dataclass(frozen=True)
+class DomainFacts:
+    """What a source knows of one running guest.
+
+    The policy request is the domain XML's annotation (``xml``: the host
+    libvirtd's domain, or the status file of a private libvirtd) or, for a
+    Proxmox VE guest, its configuration's ``tags``; with neither, the default
+    policy. ``pid``: the QEMU process when the source knows it (else it is
+    looked up by name and UUID); ``source``: ``libvirt`` for the host
+    libvirtd's guests, ``qemu`` for processes found in /proc.
+    """
+
+    name: str
+    uuid: str
+    xml: str = ""
+    pid: int | None = None
+    source: str = "libvirt"
+    tags: tuple[str, ...] | None = None
+
+
+def build_domain(fs: HostFS, host: Host, facts: DomainFacts, presets: Presets, default_preset: str) -> Domain:
+    """One domain of the model from a source's facts and /proc."""
     error = None
     policy = None
     try:
-        policy = domain_policy(xml, presets, default_preset)
+        if facts.tags is not None:
+            policy = tag_policy(facts.tags, presets, default_preset)
+        else:
+            policy = domain_policy(facts.xml or "<domain/>", presets, default_preset)
     except (AnnotationError, ParamError) as e:
         error = str(e)
-    pid = find_qemu_pid(fs, name, uuid)
+    pid = facts.pid or find_qemu_pid(fs, facts.name, facts.uuid)
     vcpus, warnings = vcpu_threads(fs, pid, host.cgroup2_mount) if pid else ((), ())
-    return Domain(name=name, uuid=uuid, pid=pid, vcpus=vcpus, policy=policy, error=error, warnings=warnings)
+    return Domain(name=facts.name, uuid=facts.uuid, pid=pid, vcpus=vcpus, policy=policy, error=error,
+                  warnings=warnings, source=facts.source)
 
 
 def build_snapshot(fs: HostFS, facts, presets: Presets, default_preset: str,
@@ -37,7 +64,47 @@ def build_snapshot(fs: HostFS, facts, presets: Presets, default_preset: str,
     """A fresh snapshot of the host and the given running domains."""
     host = read_host(fs)
     domains = tuple(
-        build_domain(fs, host, f.name, f.uuid, f.xml, presets, default_preset)
+        build_domain(fs, host, f, presets, default_preset)
         for f in sorted(facts, key=lambda f: f.name)
     )
     return Snapshot(host=host, domains=domains, taken_at=time.monotonic(), libvirt_connected=connected)
+
+
+class Sources:
+    """Several sources as one, for the daemon: the host's libvirtd, QEMU
+    processes found in /proc, or both (``sources`` in the configuration).
+
+    A source that cannot answer (libvirtd down: ``domains()`` returns None)
+    keeps its last known guests: they run on without libvirtd and stay
+    observed, their threads re-read from /proc. ``connected`` is False while
+    any source cannot answer; with no libvirt source there is nothing to be
+    disconnected from.
+    """
+
+    def __init__(self, sources):
+        self.sources = list(sources)
+        self._last: dict[int, list[DomainFacts]] = {}
+
+    @property
+    def connected(self) -> bool:
+        return all(s.connected for s in self.sources)
+
+    @property
+    def last_error(self) -> str | None:
+        return next((s.last_error for s in self.sources if s.last_error), None)
+
+    def ensure_connected(self) -> bool:
+        return all([s.ensure_connected() for s in self.sources])
+
+    def domains(self) -> list[DomainFacts]:
+        out: list[DomainFacts] = []
+        for i, s in enumerate(self.sources):
+            got = s.domains()
+            if got is not None:
+                self._last[i] = got
+            out += self._last.get(i, [])
+        return out
+
+    def close(self) -> None:
+        for s in self.sources:
+            s.close()

@@ -14,11 +14,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from typing import Callable
 
 import libvirt
 
+from cosched.discovery import DomainFacts
 from cosched.virt import domain_gone
 
 log = logging.getLogger("cosched.discovery")
@@ -54,15 +54,6 @@ def start_event_loop() -> None:
 
         threading.Thread(target=run, name="libvirt-events", daemon=True).start()
         _loop_started = True
-
-
-@dataclass(frozen=True)
-class DomainFacts:
-    """What libvirt says about one running domain."""
-
-    name: str
-    uuid: str
-    xml: str
 
 
 class LibvirtSource:

@@ -30,10 +30,11 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from cosched.actuators import journal as jr
-from cosched.actuators.freezer import FreezerKnob
+from cosched.actuators import knobs
+from cosched.actuators.affinity import AffinityKnob
 from cosched.actuators.pinning import PinKnob, cpumap_for
-from cosched.actuators.rt_runtime import RtRuntimeKnob, read_runtime
-from cosched.actuators.sched import SchedAttr, SchedKnob
+from cosched.actuators.rt_runtime import read_runtime
+from cosched.actuators.sched import SchedAttr, SchedKnob, thread_start
 from cosched.engine import protocol as pr
 from cosched.histogram import Histogram
 from cosched.hostfs import HostFS
@@ -83,7 +84,7 @@ class Engine:
 
     def __init__(self, fs: HostFS, journal: jr.Journal, pinner, *, reserved_cpus=(), max_stall_ms: int = 500,
                  switcher_priority: int = 50, dry_run: bool = False, sched: SchedKnob | None = None,
-                 switcher_factory: Callable[[dict], object] = spawn_switcher,
+                 affinity: AffinityKnob | None = None, switcher_factory: Callable[[dict], object] = spawn_switcher,
                  resync: Callable[[], None] = lambda: None):
         self.fs = fs
         self.journal = journal
@@ -93,7 +94,9 @@ class Engine:
         self.switcher_priority = switcher_priority
         self.dry_run = dry_run
         self.sched = sched if sched is not None else SchedKnob(fs)
-        self.knobs = {"sched": self.sched, "freeze": FreezerKnob(fs), "rt": RtRuntimeKnob(fs), "pin": PinKnob(pinner)}
+        self.knobs = knobs(fs, pinner, self.sched, affinity)
+        self.affinity = self.knobs["affinity"]
+        self.placement = self.knobs["place"]
         self.switcher_factory = switcher_factory
         self.resync = resync
         self.plan = Plan()
@@ -151,6 +154,8 @@ class Engine:
             return self._reconcile(snap)
 
     def _reconcile(self, snap: Snapshot) -> Plan:
+        if not (self.dry_run or self.paused) and self._place(snap):
+            self.resync()                    # the next snapshot sees the new cgroups; planned then
         cfg = self.plan_config(snap)
         self._rt_top = cfg.rt_budget_us
         new = plan(snap, cfg)
@@ -204,7 +209,16 @@ class Engine:
                         got = knob.record(path)
                         if got:
                             entries[got[0]] = got[1]
-            if d.uuid in pinned and self.pinner is not None and any(
+            if d.uuid in pinned and d.source != "libvirt":
+                for v in d.vcpus:
+                    if self.affinity.key(v.tid, v.start_time) not in known:
+                        try:
+                            k, e = self.affinity.record(v.tid, v.start_time, name=d.name, uuid=d.uuid, vcpu=v.index)
+                            entries[k] = e
+                        except OSError as err:
+                            log.warning("domain=%s vcpu=%d tid=%d action=affinity-info-failed error=%r", d.name,
+                                        v.index, v.tid, os.strerror(err.errno) if err.errno else str(err))
+            elif d.uuid in pinned and self.pinner is not None and any(
                     PinKnob.key(d.uuid, v.index) not in known for v in d.vcpus):
                 try:
                     entries.update(self.knobs["pin"].record(d.uuid, d.name))   # record() keeps originals already there
@@ -213,13 +227,16 @@ class Engine:
         self.journal.record(entries)
 
     def _pin(self, snap: Snapshot, p: Plan) -> None:
-        if self.pinner is None:
-            return
         wanted = p.pins()
         by_uuid: dict[str, dict[int, int]] = {}
         for (uuid, index), cpu in wanted.items():
             by_uuid.setdefault(uuid, {})[index] = cpu
         names = {d.uuid: d.name for d in snap.domains}
+        others = {d.uuid: d for d in snap.domains if d.source != "libvirt"}
+        for uuid in [u for u in by_uuid if u in others]:
+            self._pin_threads(others[uuid], by_uuid.pop(uuid))
+        if self.pinner is None:
+            return
         for uuid, pins in by_uuid.items():
             try:
                 current = self.pinner.current(uuid)
@@ -232,19 +249,67 @@ class Engine:
             except (jr.Gone, OSError, ConnectionError) as err:
                 log.warning("domain=%s action=pin-failed error=%r", names.get(uuid, uuid), str(err))
 
+    def _pin_threads(self, d, pins: dict[int, int]) -> None:
+        """Pin a guest no host libvirtd runs: each vCPU thread's affinity, if
+        its original is on record."""
+        for v in d.vcpus:
+            cpu = pins.get(v.index)
+            if cpu is None or self.affinity.key(v.tid, v.start_time) not in self.journal.entries:
+                continue
+            try:
+                if tuple(self.affinity.get(v.tid)) != (cpu,):
+                    self.affinity.apply(v.tid, (cpu,))
+                    log.info("domain=%s vcpu=%d cpu=%d action=pinned", d.name, v.index, cpu)
+            except OSError as err:
+                if err.errno not in jr.GONE:
+                    log.warning("domain=%s vcpu=%d tid=%d action=pin-failed error=%r", d.name, v.index, v.tid,
+                                os.strerror(err.errno) if err.errno else str(err))
+
     def _unpin(self, p: Plan) -> None:
         """Give guests that leave pinning their own pinning back."""
-        if self.pinner is None:
-            return
         keep = {uuid for uuid, _ in p.pins()}
-        stale = {e["uuid"] for e in self.journal.entries.values() if e.get("kind") == "pin" and e["uuid"] not in keep}
+        kinds = ("pin", "affinity") if self.pinner is not None else ("affinity",)
+        stale = {e["uuid"] for e in self.journal.entries.values() if e.get("kind") in kinds and e["uuid"] not in keep}
         if stale:
-            problems = jr.restore(self.journal, self.knobs, kinds=("pin",), only=lambda e: e["uuid"] in stale)
+            problems = jr.restore(self.journal, self.knobs, kinds=kinds, only=lambda e: e["uuid"] in stale)
             for problem in problems:
                 log.warning("action=unpin-failed %s", problem)
 
+    def _place(self, snap: Snapshot) -> bool:
+        """Give each vCPU thread of a managed guest found as a process its own
+        cgroup if it has none (Proxmox VE keeps a guest's threads in one
+        scope; see :mod:`~cosched.actuators.placement`). True when a thread moved."""
+        mount = snap.host.cgroup2_mount
+        if not mount:
+            return False
+        moved = False
+        for d in snap.domains:
+            if d.source == "libvirt" or d.policy is None or d.error or d.policy.kind in ("none", "boost"):
+                continue
+            for v in d.vcpus:
+                if snap.host.freeze_file(v):
+                    continue                                   # it has one
+                key = self.placement.key(v.tid, v.start_time)
+                if key not in self.journal.entries:
+                    got = self.placement.record(v.tid, v.start_time, mount, v.index, name=d.name, uuid=d.uuid,
+                                                vcpu=v.index)
+                    if got is None:
+                        continue
+                    self.journal.record(dict([got]))
+                try:
+                    self.placement.apply(self.journal.entries[key])
+                    moved = True
+                    log.info("domain=%s vcpu=%d tid=%d action=placed cgroup=%s", d.name, v.index, v.tid,
+                             self.journal.entries[key]["dir"])
+                except OSError as err:
+                    if err.errno not in jr.GONE:
+                        log.warning("domain=%s vcpu=%d tid=%d action=place-failed error=%r", d.name, v.index, v.tid,
+                                    os.strerror(err.errno) if err.errno else str(err))
+        return moved
+
     def _collect_garbage(self, snap: Snapshot) -> None:
-        """Forget journal entries whose targets are gone for good."""
+        """Forget journal entries whose targets are gone for good (a cgroup
+        cosched made for a thread that exited is removed first)."""
         running = {d.uuid for d in snap.domains}
         gone = []
         for key, e in self.journal.entries.items():
@@ -255,6 +320,12 @@ class Engine:
             elif kind in self.knobs and not self.knobs[kind].exists(e):
                 gone.append(key)
         self.journal.forget(gone)
+        exited = {k for k, e in self.journal.entries.items() if e.get("kind") == "place"
+                  and thread_start(self.fs, e["tid"]) != e["start_time"]}
+        if exited:
+            for problem in jr.restore(self.journal, self.knobs, kinds=("place",), only=lambda e: self.placement.key(
+                    e["tid"], e["start_time"]) in exited):
+                log.warning("action=unplace-failed %s", problem)
 
     # -- the switcher ---------------------------------------------------
     def _message(self, p: Plan) -> pr.Plan:
@@ -391,7 +462,7 @@ class Engine:
         """Stop managing: pinning back first (while guests still take turns),
         then the switcher thaws and unboosts, then the rest of the journal."""
         with self.op_lock:
-            problems = self._restore(kinds=("pin",))
+            problems = self._restore(kinds=("pin", "affinity"))
             self._stop_switcher()
             self._sent = None
             return problems + self._restore()

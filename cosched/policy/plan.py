@@ -170,7 +170,8 @@ def _stall_after(members_slots: list[int], slot: int) -> int:
 def _unfit(d: Domain, host: Host, pool: list[int]) -> str | None:
     """Why a guest cannot be pinned one vCPU per pool CPU and frozen per vCPU (None: it can)."""
     if not all(host.freeze_file(v) for v in d.vcpus):
-        return "its vCPU threads are not (yet) in libvirt's per-vCPU cgroups, which freezing needs"
+        return ("its vCPU threads are not (yet) in per-vCPU cgroups, which freezing needs (libvirt makes "
+                "them; for a guest found as a process cosched does)")
     if len(d.vcpus) > len(pool):
         return f"it has {len(d.vcpus)} vCPUs but the co-scheduling pool has {len(pool)} CPUs"
     return None

@@ -2,8 +2,9 @@
 
 ``make test`` runs as root, so code under test could change the scheduling
 policy of any host thread. :func:`install` wraps every way cosched changes
-one (``os.sched_setscheduler``, ``os.sched_setparam`` and ``set_attr`` in
-:mod:`cosched.actuators.sched`, the one place that calls ``sched_setattr``)
+one (``os.sched_setscheduler``, ``os.sched_setparam``, ``os.sched_setaffinity``
+and ``set_attr`` in :mod:`cosched.actuators.sched`, the one place that calls
+``sched_setattr``)
 and refuses, with EPERM, any target that is neither the calling process itself
 nor a vCPU thread of a test guest (a QEMU process whose ``-name`` starts with
 ``guest=cosched-``). Each refusal is appended to ``$COSCHED_TEST_GUARD_LOG``,
@@ -83,7 +84,7 @@ def _guard_setpriority(call):
 def install() -> None:
     if not getattr(os.setpriority, "__guarded__", False):
         os.setpriority = _guard_setpriority(os.setpriority)
-    for name in ("sched_setscheduler", "sched_setparam"):
+    for name in ("sched_setscheduler", "sched_setparam", "sched_setaffinity"):
         call = getattr(os, name)
         if not getattr(call, "__guarded__", False):
             setattr(os, name, _wrap(f"os.{name}", call))

@@ -1,0 +1,318 @@
+"""How cosched's costs grow with the number of vCPUs and guests.
+
+    python -m benchmarks.scale [--vcpus 8,64,256,1024] [--per-guest 8] [--seconds 20]
+        [--sizes 1,2,8,32,64] [--cells 16] [--libvirt-guests 100] [--out DIR]
+
+Synthetic guests (:mod:`testbed.synthetic`: processes that look like QEMU
+guests to discovery, their threads in libvirt's cgroup layout) stand in for
+real ones, so that a thousand vCPUs fit on a 2-CPU host. Three parts, each
+measured on this host and reported with its command:
+
+**Observation** (``--vcpus``): for each total, that many vCPU threads in
+guests of ``--per-guest`` vCPUs (their threads mostly asleep, as most vCPUs
+are), watched by a real daemon (``sources = ["processes"]``, every guest
+under ``none``) for ``--seconds``. Figures: the daemon's CPU time (with its
+children) in percent of one CPU; that over the samples taken and the vCPUs,
+the cost of one vCPU-sample in microseconds; late samples; the last resync's
+duration; one ``/metrics`` scrape (median of 5) and its size; the daemon's
+resident memory.
+
+**Switching** (``--sizes``, ``--cells``): the switch loop's own figures,
+from the real switcher process fed one plan, as the daemon feeds it: two
+guests of each size taking 50 ms turns (their threads spinning), and
+``--cells`` cells of two 2-vCPU guests each. The planner would not admit
+guests larger than this host's 2 CPUs, nor 16 cells on it, so the plan is
+the one it makes on a host big enough; the switcher does not look at CPUs.
+Figures: switch latency (first freeze write until every incoming vCPU is
+thawed) p50/p99 and slot lateness p99, from the switcher's exact
+nanosecond samples.
+
+**Real guests** (``--libvirt-guests``, 0 to skip): that many tiny TCG
+guests, each paused once booted, and a daemon started on them: the time
+until its status shows every one with its vCPUs, and after ``libvirtd`` is
+killed and started again, the time until it is connected and shows them all.
+
+Output (default ``benchmarks/results/scale-<time>``): ``results.json`` and
+``summary.md``; ``python -m benchmarks.scale --report DIR`` redraws the summary.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+
+from cosched.actuators.sched import SchedAttr
+from cosched.engine import protocol as pr
+from testbed import guests, image, services, synthetic
+from testbed.daemon import DaemonProcess
+
+PREFIX = "cosched-scale-"
+TARGETS = {"cpu_256": 2.0, "cpu_1024": 5.0, "switch_p99_64_ms": 1.0, "scrape_1024_ms": 100.0}
+
+
+def _daemon_cpu(pid: int) -> float:
+    p = psutil.Process(pid)
+    total = sum(p.cpu_times()[:2])
+    for c in p.children(recursive=True):
+        try:
+            total += sum(c.cpu_times()[:2])
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def _rss_mb(pid: int) -> float:
+    p = psutil.Process(pid)
+    return (p.memory_info().rss + sum(c.memory_info().rss for c in p.children(recursive=True))) / 2 ** 20
+
+
+def _scrape(daemon: DaemonProcess) -> tuple[float, int]:
+    times, size = [], 0
+    for _ in range(5):
+        t0 = time.perf_counter()
+        with urllib.request.urlopen(f"http://127.0.0.1:{daemon.port}/metrics", timeout=30) as r:
+            size = len(r.read())
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), size
+
+
+def observation(total: int, per_guest: int, seconds: float, work: Path) -> dict:
+    """One daemon watching ``total`` synthetic vCPUs."""
+    pve = work / f"pve-{total}"
+    gs: list[synthetic.SyntheticGuest] = []
+    try:
+        for n in range(max(total // per_guest, 1)):
+            gs.append(synthetic.start(f"{PREFIX}{total}-{n}", vcpus=min(per_guest, total), workload="sleep",
+                                      vmid=10000 + n, pve_dir=str(pve), tags="cosched-none", workdir=work))
+        vcpus = sum(g.vcpus for g in gs)
+        (work / f"daemon-{total}").mkdir(exist_ok=True)
+        daemon = DaemonProcess(work / f"daemon-{total}",
+                               extra_config=f'sources = ["processes"]\npve_config_dir = "{pve}"\n').start()
+        try:
+            daemon.wait(lambda: sum(len(d["vcpus"]) for d in daemon.status()["domains"]) == vcpus, 60,
+                        f"{vcpus} vCPUs observed")
+            time.sleep(2.0)                                   # past start-up
+            s0, c0, t0 = daemon.status()["daemon"], _daemon_cpu(daemon.proc.pid), time.monotonic()
+            time.sleep(seconds)
+            s1, c1, t1 = daemon.status()["daemon"], _daemon_cpu(daemon.proc.pid), time.monotonic()
+            scrape_s, size = _scrape(daemon)
+            samples = s1["samples"] - s0["samples"]
+            cpu = c1 - c0
+            return {"vcpus": vcpus, "guests": len(gs), "seconds": t1 - t0, "cpu_pct": 100 * cpu / (t1 - t0),
+                    "samples": samples, "late_samples": s1["late_samples"] - s0["late_samples"],
+                    "us_per_vcpu_sample": 1e6 * cpu / (samples * vcpus) if samples else None,
+                    "resync_s": s1.get("last_resync_seconds"), "scrape_s": scrape_s, "metrics_bytes": size,
+                    "rss_mb": _rss_mb(daemon.proc.pid)}
+        finally:
+            daemon.stop()
+    finally:
+        synthetic.destroy_all(gs)
+
+
+def _member(g: synthetic.SyntheticGuest, slot_ms: int) -> pr.MemberPlan:
+    v2 = synthetic.cgroup_mounts()[0]
+    base = synthetic.guest_cgroup(g.layout, g.vmid, g.name)
+    return pr.MemberPlan(g.uuid, g.name, slot_ms, 0, tuple(
+        pr.VcpuPlan(i, tid, f"{v2}{base}/vcpu{i}/cgroup.freeze", (), SchedAttr()) for i, tid in sorted(g.tids.items())))
+
+
+def run_switcher(cells: list[tuple[str, list[synthetic.SyntheticGuest]]], seconds: float) -> dict:
+    """The real switcher process on one plan for ``seconds``: its exact latency and lateness samples."""
+    plan = pr.Plan(seq=1, max_stall_ms=500, rt_top_us=None,
+                   cells=tuple(pr.CellPlan(cid, "freeze", tuple(_member(g, 50) for g in gs)) for cid, gs in cells))
+    proc = subprocess.Popen([sys.executable, "-m", "cosched.engine.switcher"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, bufsize=1)
+    latency, lateness, switches, realtime = [], [], 0, None
+    try:
+        proc.stdin.write(pr.encode(plan))
+        proc.stdin.flush()
+        end = time.monotonic() + seconds
+        for line in proc.stdout:
+            msg = pr.decode(line)
+            if isinstance(msg, pr.Ready):
+                realtime = msg.realtime
+            elif isinstance(msg, pr.Stats):
+                latency += msg.latency_ns
+                lateness += msg.lateness_ns
+                switches += sum(msg.switches.values())
+            if time.monotonic() > end:
+                break
+    finally:
+        proc.stdin.write(pr.encode(pr.Stop()))
+        proc.stdin.close()
+        proc.wait(timeout=10)
+
+    def q(xs, p):
+        xs = sorted(xs)
+        return xs[min(int(p * len(xs)), len(xs) - 1)] / 1e6 if xs else None
+    return {"switches": switches, "realtime": realtime, "latency_p50_ms": q(latency, 0.5),
+            "latency_p99_ms": q(latency, 0.99), "lateness_p50_ms": q(lateness, 0.5),
+            "lateness_p99_ms": q(lateness, 0.99)}
+
+
+def switching(sizes: list[int], cells: int, seconds: float, work: Path) -> dict:
+    out = {"sizes": [], "cells": None}
+    for k in sizes:
+        gs = []
+        try:
+            for n in range(2):
+                gs.append(synthetic.start(f"{PREFIX}sw{k}-{n}", vcpus=k, workload="spin", vmid=20000 + 100 * k + n,
+                                          workdir=work))
+            out["sizes"].append({"vcpus_per_guest": k, **run_switcher([("gang", gs)], seconds)})
+        finally:
+            synthetic.destroy_all(gs)
+    if cells:
+        gs = []
+        try:
+            for n in range(2 * cells):
+                gs.append(synthetic.start(f"{PREFIX}cell{n}", vcpus=2, workload="spin", vmid=30000 + n, workdir=work))
+            out["cells"] = {"cells": cells, **run_switcher([(f"cell{c}", gs[2 * c:2 * c + 2]) for c in range(cells)],
+                                                           seconds)}
+        finally:
+            synthetic.destroy_all(gs)
+    return out
+
+
+def real_guests(count: int, work: Path) -> dict:
+    """Discovery of ``count`` real, paused TCG guests: first snapshot, and resync after a libvirtd restart."""
+    img = image.build()
+    services.ensure()
+    guests.destroy_all(PREFIX)
+    started = []
+    try:
+        for n in range(count):
+            g = guests.start(f"{PREFIX}vm{n}", vcpus=2, workload="idle", image=img)
+            g.wait_for("cosched-result")
+            g.dom.suspend()
+            started.append(g)
+        names = {g.name for g in started}
+
+        def all_seen():
+            s = daemon.status()
+            return s and names <= {d["name"] for d in s["domains"] if len(d["vcpus"]) == 2}
+        (work / "daemon-real").mkdir(exist_ok=True)
+        daemon = DaemonProcess(work / "daemon-real")
+        t0 = time.monotonic()
+        daemon.start()
+        try:
+            daemon.wait(all_seen, 120, f"{count} guests")
+            first = time.monotonic() - t0
+            resync = daemon.status()["daemon"].get("last_resync_seconds")
+            subprocess.run(["pkill", "-x", "libvirtd"], check=True)
+            daemon.wait(lambda: not daemon.status()["daemon"]["libvirt"]["connected"], 30, "libvirtd gone")
+            services.ensure()
+            t1 = time.monotonic()
+            daemon.wait(lambda: daemon.status()["daemon"]["libvirt"]["connected"] and all_seen(), 60, "back")
+            after = time.monotonic() - t1
+        finally:
+            daemon.stop()
+        return {"guests": count, "first_snapshot_s": first, "resync_s": resync, "after_libvirtd_restart_s": after}
+    finally:
+        guests.destroy_all(PREFIX)
+
+
+def summary(res: dict) -> str:
+    lines = ["# Scale benchmark", "", f"Host: {res['host']['cpus']} CPUs, kernel {res['host']['kernel']}.", "",
+             f"Command: `{res['command']}`", "", "## Observation", "",
+             f"One daemon watching synthetic guests of {res['config']['per_guest']} vCPUs (threads mostly asleep), "
+             f"every guest under `none`, for {res['config']['seconds']:g} s.", "",
+             "| vCPUs | guests | daemon CPU % | µs per vCPU-sample | samples/s | late | resync ms | scrape ms | /metrics KiB | RSS MiB |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for o in res["observation"]:
+        lines.append(f"| {o['vcpus']} | {o['guests']} | {o['cpu_pct']:.1f} | "
+                     f"{o['us_per_vcpu_sample']:.1f} | {o['samples'] / o['seconds']:.0f} | {o['late_samples']} | "
+                     f"{1000 * (o['resync_s'] or 0):.0f} | {1000 * o['scrape_s']:.0f} | "
+                     f"{o['metrics_bytes'] / 1024:.0f} | {o['rss_mb']:.0f} |")
+    sw = res.get("switching") or {}
+    if sw.get("sizes"):
+        lines += ["", "## Switching", "",
+                  "The real switcher process on one plan: two guests taking 50 ms turns, their vCPU threads "
+                  "spinning (exact nanosecond samples, not histogram buckets).", "",
+                  "| vCPUs per guest | switches | latency p50 ms | latency p99 ms | lateness p99 ms |", "|---|---|---|---|---|"]
+        for s in sw["sizes"]:
+            lines.append(f"| {s['vcpus_per_guest']} | {s['switches']} | {s['latency_p50_ms']:.2f} | "
+                         f"{s['latency_p99_ms']:.2f} | {s['lateness_p99_ms']:.2f} |")
+    if sw.get("cells"):
+        c = sw["cells"]
+        lines += ["", f"{c['cells']} cells of two 2-vCPU guests each: {c['switches']} switches, latency p50 "
+                      f"{c['latency_p50_ms']:.2f} ms, p99 {c['latency_p99_ms']:.2f} ms; slot lateness p50 "
+                      f"{c['lateness_p50_ms']:.2f} ms, p99 {c['lateness_p99_ms']:.2f} ms."]
+    r = res.get("real")
+    if r:
+        lines += ["", "## Real guests", "",
+                  f"{r['guests']} paused TCG guests: first full snapshot {r['first_snapshot_s']:.1f} s after the "
+                  f"daemon started (one resync {1000 * (r['resync_s'] or 0):.0f} ms); after libvirtd was killed "
+                  f"and started again, connected with all guests {r['after_libvirtd_restart_s']:.1f} s after it "
+                  f"answered."]
+    lines += ["", "## Targets", ""]
+    obs = {o["vcpus"]: o for o in res["observation"]}
+    checks = []
+    for n, key in ((256, "cpu_256"), (1024, "cpu_1024")):
+        if n in obs:
+            checks.append(f"{n} vCPUs observed for at most {TARGETS[key]:g}% of one CPU: "
+                          f"{obs[n]['cpu_pct']:.1f}% ({'met' if obs[n]['cpu_pct'] <= TARGETS[key] else 'not met'})")
+    big = next((s for s in (sw.get("sizes") or []) if s["vcpus_per_guest"] == 64), None)
+    if big:
+        checks.append(f"switch p99 at most 1 ms at 64 vCPUs per guest: {big['latency_p99_ms']:.2f} ms "
+                      f"({'met' if big['latency_p99_ms'] <= 1.0 else 'not met'})")
+    if 1024 in obs:
+        ms = 1000 * obs[1024]["scrape_s"]
+        checks.append(f"/metrics scraped in under 100 ms at 1024 vCPUs: {ms:.0f} ms ({'met' if ms < 100 else 'not met'})")
+    lines += [f"- {c}" for c in checks]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ints = lambda s: [int(x) for x in s.split(",") if x]
+    ap.add_argument("--vcpus", type=ints, default=[8, 64, 256, 1024])
+    ap.add_argument("--per-guest", type=int, default=8)
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--sizes", type=ints, default=[1, 2, 8, 32, 64])
+    ap.add_argument("--cells", type=int, default=16)
+    ap.add_argument("--libvirt-guests", type=int, default=100)
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--report", type=Path, default=None, help="redraw DIR/summary.md from DIR/results.json")
+    args = ap.parse_args(argv)
+    if args.report:
+        res = json.loads((args.report / "results.json").read_text())
+        (args.report / "summary.md").write_text(summary(res))
+        return 0
+    if os.geteuid() != 0:
+        ap.error("run as root: it makes cgroups, starts a daemon and guests")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    services.ensure()
+    work = Path(tempfile.mkdtemp(prefix="cosched-scale-"))
+    res = {"host": {"cpus": len(os.sched_getaffinity(0)), "kernel": os.uname().release},
+           "command": " ".join(["python -m benchmarks.scale", *sys.argv[1:]]),
+           "config": {"vcpus": args.vcpus, "per_guest": args.per_guest, "seconds": args.seconds,
+                      "sizes": args.sizes, "cells": args.cells, "libvirt_guests": args.libvirt_guests},
+           "observation": [], "switching": None, "real": None}
+    for n in args.vcpus:
+        res["observation"].append(observation(n, args.per_guest, args.seconds, work))
+        print(f"observation {n} vCPUs: {res['observation'][-1]['cpu_pct']:.1f}% of a CPU", flush=True)
+    res["switching"] = switching(args.sizes, args.cells, args.seconds, work)
+    print("switching done", flush=True)
+    if args.libvirt_guests:
+        res["real"] = real_guests(args.libvirt_guests, work)
+    out = args.out or Path("benchmarks/results") / time.strftime("scale-%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(res, indent=1))
+    text = summary(res)
+    (out / "summary.md").write_text(text)
+    print("\n" + text + f"\nwritten to {out}/")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

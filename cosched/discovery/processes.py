@@ -1,0 +1,114 @@
+"""QEMU processes that no host libvirtd runs, found in /proc.
+
+Proxmox VE starts QEMU itself (``qm start``); KubeVirt runs a private
+libvirtd in each VM's pod; anyone can start QEMU by hand. This source finds
+them all the same way: a process whose command line runs a system emulator
+with a ``-name`` (:mod:`cosched.discovery.qemu`), that is not one of the host
+libvirtd's guests (whose pid files are in ``/run/libvirt/qemu``: the libvirt
+source reports those). Its vCPU threads are then found as for any guest
+(:mod:`cosched.discovery.threads`).
+
+What the guest asks for, first found wins:
+
+* the status file of the libvirtd that runs it, seen through the process's
+  own root (``/proc/PID/root/run/libvirt/qemu/NAME.xml``): a KubeVirt pod's
+  private libvirtd keeps the domain XML, and its ``cosched:policy``
+  annotation, there;
+* its Proxmox VE configuration, ``PVE_DIR/VMID.conf`` (``-id VMID`` on the
+  command line), and the ``cosched-`` tag on its ``tags:`` line (grammar in
+  :mod:`cosched.annotation`), re-read at every resync;
+* otherwise the configured default policy.
+
+Its identity is the UUID on its command line (``-uuid`` or Proxmox's
+``-smbios type=1,uuid=``), else ``qemu-VMID`` or ``qemu-pid-PID``.
+"""
+from __future__ import annotations
+
+import logging
+import re
+
+from cosched.discovery import DomainFacts
+from cosched.discovery.qemu import QemuCmdline, parse
+from cosched.hostfs import HostFS
+
+log = logging.getLogger("cosched.discovery")
+
+PVE_DIR = "/etc/pve/qemu-server"
+LIBVIRT_RUN = "/run/libvirt/qemu"
+_TAG_SPLIT = re.compile(r"[;,\s]+")
+
+
+def pve_tags(text: str) -> tuple[str, ...]:
+    """The ``tags:`` of a Proxmox VE guest configuration's current section
+    (snapshots follow in ``[name]`` sections and are not the running guest)."""
+    for line in text.splitlines():
+        if line.startswith("["):
+            break
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == "tags":
+            return tuple(t for t in _TAG_SPLIT.split(value.strip()) if t)
+    return ()
+
+
+class ProcessSource:
+    """Guests that are QEMU processes of their own (see the module doc). Always "connected"."""
+
+    connected = True
+    last_error = None
+
+    def __init__(self, fs: HostFS, pve_dir: str = PVE_DIR):
+        self.fs = fs
+        self.pve_dir = pve_dir
+        self._seen: set[int] = set()
+
+    def ensure_connected(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+    def _libvirt_pids(self) -> set[int]:
+        pids = set()
+        for entry in self.fs.listdir(LIBVIRT_RUN):
+            if entry.endswith(".pid"):
+                text = (self.fs.read_or(f"{LIBVIRT_RUN}/{entry}") or "").strip()
+                if text.isdigit():
+                    pids.add(int(text))
+        return pids
+
+    def processes(self) -> list[tuple[int, QemuCmdline]]:
+        """Every QEMU process in /proc that the host libvirtd does not run."""
+        theirs = self._libvirt_pids()
+        found = []
+        for entry in self.fs.listdir("/proc"):
+            if not entry.isdigit() or int(entry) in theirs:
+                continue
+            try:
+                raw = self.fs.read_bytes(f"/proc/{entry}/cmdline")
+            except OSError:
+                continue                       # gone, or a kernel thread
+            cmd = parse([a.decode(errors="replace") for a in raw.split(b"\0") if a])
+            if cmd is not None:
+                found.append((int(entry), cmd))
+        return found
+
+    def facts(self, pid: int, cmd: QemuCmdline) -> DomainFacts:
+        """One guest's facts: its identity and what it asks for."""
+        uuid = cmd.uuid or (f"qemu-{cmd.vmid}" if cmd.vmid else f"qemu-pid-{pid}")
+        status = self.fs.read_or(f"/proc/{pid}/root{LIBVIRT_RUN}/{cmd.name}.xml")
+        if status is not None:
+            return DomainFacts(cmd.name, uuid, xml=status, pid=pid, source="qemu")
+        conf = self.fs.read_or(f"{self.pve_dir}/{cmd.vmid}.conf") if cmd.vmid else None
+        if conf is not None:
+            return DomainFacts(cmd.name, uuid, pid=pid, source="qemu", tags=pve_tags(conf))
+        return DomainFacts(cmd.name, uuid, pid=pid, source="qemu")
+
+    def domains(self) -> list[DomainFacts]:
+        out = []
+        for pid, cmd in self.processes():
+            out.append(self.facts(pid, cmd))
+            if pid not in self._seen:
+                log.info("domain=%s pid=%d action=found-process vmid=%s qmp=%s", cmd.name, pid, cmd.vmid or "-",
+                         cmd.qmp or "-")
+        self._seen = {f.pid for f in out}
+        return out

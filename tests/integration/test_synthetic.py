@@ -1,0 +1,89 @@
+"""Synthetic guests (``testbed.synthetic``) through the ``processes`` source, end to end.
+
+Processes that look like QEMU to discovery, laid out in cgroups as libvirt
+lays out a guest (both the plain and the systemd ``machine.slice`` layout),
+their policy in a Proxmox VE style ``VMID.conf`` tag: found with the right
+vCPU threads and cgroups, managed as a gang (frozen in turns, each vCPU
+pinned through its affinity), and given back exactly as they were.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from testbed import synthetic
+
+from .conftest import DaemonProcess
+
+PREFIX = "cosched-it-syn-"
+
+
+@pytest.fixture
+def pve(tmp_path):
+    return tmp_path / "pve"
+
+
+@pytest.fixture
+def started(tmp_path):
+    gs: list[synthetic.SyntheticGuest] = []
+    yield gs
+    synthetic.destroy_all(gs)
+    assert all(not os.path.exists(d) for g in gs for d in g.cgroups), "cgroups left behind"
+
+
+def daemon_for(tmp_path, pve) -> DaemonProcess:
+    return DaemonProcess(tmp_path, extra_config=f'sources = ["processes"]\npve_config_dir = "{pve}"\n')
+
+
+def state(gs):
+    """Each vCPU thread's affinity and frozen state, as the kernel reports them."""
+    v2 = synthetic.cgroup_mounts()[0]
+    out = {}
+    for g in gs:
+        base = synthetic.guest_cgroup(g.layout, g.vmid, g.name)
+        for i, tid in g.tids.items():
+            frozen = open(f"{v2}{base}/vcpu{i}/cgroup.events").read().split()[-1]
+            out[(g.name, i)] = (tuple(sorted(os.sched_getaffinity(tid))), frozen)
+    return out
+
+
+def test_both_layouts_are_found_with_their_threads_and_cgroups(tmp_path, pve, started, libvirtd):
+    for layout in synthetic.LAYOUTS:
+        started.append(synthetic.start(PREFIX + layout.replace(".", "-"), vcpus=3, layout=layout, pve_dir=str(pve),
+                                       tags="cosched-none", workdir=tmp_path))
+    daemon = daemon_for(tmp_path, pve).start()
+    try:
+        for g in started:
+            d, _ = daemon.wait(lambda: daemon.domain(g.name), 5, f"{g.name} found")
+            assert (d["uuid"], d["pid"], d["source"], d["policy"]) == (g.uuid, g.pid, "qemu", "none")
+            assert {v["index"]: v["tid"] for v in d["vcpus"]} == g.tids
+        metrics = daemon.metrics()
+        assert all(f'cosched_vcpu_run_seconds_total{{domain="{g.name}",vcpu="2"}}' in metrics for g in started)
+    finally:
+        assert daemon.stop() == 0
+
+
+def test_a_tagged_gang_rotates_pinned_and_is_given_back(tmp_path, pve, started, libvirtd):
+    for n in range(2):
+        started.append(synthetic.start(PREFIX + f"gang-{n}", vcpus=2, workload="barrier", pve_dir=str(pve),
+                                       tags="cosched-gang-q20", workdir=tmp_path))
+    before = state(started)
+    assert all(cpus == tuple(sorted(os.sched_getaffinity(0))) and frozen == "0" for cpus, frozen in before.values())
+    daemon = daemon_for(tmp_path, pve).start()
+    try:
+        daemon.wait(lambda: daemon.status()["daemon"]["engine"]["switches"].get("gang", 0) > 20, 10, "rotating")
+        d = daemon.domain(started[0].name)
+        assert d["managed"] and d["params"]["quantum-ms"] == 20
+        seen = []
+        for _ in range(200):
+            now = state(started)
+            seen.append(tuple(sum(now[(g.name, i)][1] == "0" for i in g.tids) for g in started))
+            time.sleep(0.002)
+        assert (2, 0) in seen and (0, 2) in seen, "no guest ran alone in its slot"
+        assert {now[k][0] for k in now} == {(0,), (1,)}, "vCPUs not pinned one per CPU"
+        assert now[(started[0].name, 0)][0] != now[(started[0].name, 1)][0], "siblings share a CPU"
+    finally:
+        assert daemon.stop() == 0
+    assert state(started) == before

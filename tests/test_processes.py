@@ -1,0 +1,238 @@
+"""Guests no host libvirtd runs: QEMU command lines, Proxmox VE tags, the /proc source, affinity pinning."""
+import pytest
+from fakehost import FakeSched, ThreadSwitcher
+from test_engine import FakePinner
+
+from cosched.actuators.affinity import AffinityKnob
+from cosched.actuators.journal import Journal
+from cosched.annotation import AnnotationError, tag_policy
+from cosched.config import ConfigError, from_dict
+from cosched.discovery import Sources, build_snapshot
+from cosched.discovery.processes import ProcessSource, pve_tags
+from cosched.discovery.qemu import parse
+from cosched.engine import Engine
+from cosched.policy.presets import Presets
+
+UUID = "6cf17dc3-8341-4ecc-aebd-7503f2583fb3"
+# the shape qemu-server's own command line tests give (test/cfg2cmd/*.conf.cmd)
+PVE_ARGV = ["/usr/bin/kvm", "-id", "8006", "-name", "vm8006,debug-threads=on", "-no-shutdown",
+            "-chardev", "socket,id=qmp,path=/var/run/qemu-server/8006.qmp,server=on,wait=off",
+            "-mon", "chardev=qmp,mode=control",
+            "-chardev", "socket,id=qmp-event,path=/var/run/qmeventd.sock,reconnect-ms=5000",
+            "-mon", "chardev=qmp-event,mode=control",
+            "-pidfile", "/var/run/qemu-server/8006.pid", "-daemonize",
+            "-smbios", f"type=1,uuid={UUID}", "-smp", "2,sockets=1,cores=2,maxcpus=2"]
+LIBVIRT_ARGV = ["/usr/bin/qemu-system-x86_64", "-name", "guest=vm1,debug-threads=on", "-S",
+                "-uuid", UUID, "-chardev", "socket,id=charmonitor,fd=37,server=on,wait=off",
+                "-mon", "chardev=charmonitor,id=monitor,mode=control"]
+
+
+def test_command_lines_name_the_guest_its_identity_and_qmp_socket():
+    pve = parse(PVE_ARGV)
+    assert (pve.name, pve.uuid, pve.vmid, pve.pidfile, pve.debug_threads) == (
+        "vm8006", UUID, "8006", "/var/run/qemu-server/8006.pid", True)
+    assert pve.qmp == "/var/run/qemu-server/8006.qmp"           # the server socket, not qmeventd's client one
+    lv = parse(LIBVIRT_ARGV)
+    assert (lv.name, lv.uuid, lv.vmid, lv.qmp) == ("vm1", UUID, None, None)   # libvirt passes its monitor as an fd
+    hand = parse(["qemu-system-aarch64", "-name", "test", "-qmp", "unix:/tmp/q.sock,server,nowait"])
+    assert (hand.name, hand.uuid, hand.qmp, hand.debug_threads) == ("test", None, "/tmp/q.sock", False)
+    assert parse(["/usr/bin/python3", "-name", "x"]) is None
+    assert parse(["qemu-system-x86_64", "-m", "512"]) is None     # nothing names the guest
+
+
+def test_proxmox_tags_select_a_preset_and_its_parameters():
+    presets = Presets.load([])
+    spec = tag_policy(("prod", "cosched-gang-q20-w2-noboost"), presets, "none")
+    assert (spec.preset, dict(spec.params)["quantum-ms"], dict(spec.params)["weight"]) == ("gang", 20, 2)
+    assert dict(spec.params)["boost"] is False
+    assert tag_policy(("web",), presets, "auto").preset == "auto"          # no cosched tag: the default
+    assert dict(tag_policy(("cosched-relaxed-s4-t1",), presets, "none").params)["costop-ms"] == 4
+    for bad, culprit in ((("cosched-fast",), "names no preset"), (("cosched-gang-x3",), "'x3' is no parameter"),
+                         (("cosched-gang-q0",), "quantum-ms"), (("cosched-gang", "cosched-none"), "one cosched- tag")):
+        with pytest.raises(AnnotationError, match=culprit) as e:
+            tag_policy(bad, presets, "none")
+        assert str(e.value).startswith("tag 'cosched-")
+
+
+def test_pve_config_tags_come_from_the_running_section_only():
+    conf = "boot: order=scsi0\ncores: 2\ntags: cosched-gang;prod\n\n[before-upgrade]\ntags: cosched-none\n"
+    assert pve_tags(conf) == ("cosched-gang", "prod")
+    assert pve_tags("cores: 2\n") == ()
+
+
+def qemu_process(fake, pid, argv, vcpus, layout="/machine/qemu-9-{name}.libvirt-qemu"):
+    """A QEMU process; libvirt's layout (emulator, vcpuN) unless ``layout`` ends in ``.scope``
+    (Proxmox VE: every thread in the scope)."""
+    name = parse(argv).name
+    fake.write(f"/proc/{pid}/cmdline", b"\0".join(a.encode() for a in argv) + b"\0")
+    scope = layout.format(name=name)
+    own = not scope.endswith(".scope")
+    fake.thread(pid, pid, "kvm", f"{scope}/emulator" if own else scope)
+    for index, tid in vcpus.items():
+        fake.thread(pid, tid, f"CPU {index}/KVM", f"{scope}/vcpu{index}" if own else scope)
+    if not own:
+        fake.write(f"{fake.cg2}{scope}/cgroup.threads", "")          # the kernel's own file
+
+
+def test_the_process_source_finds_guests_no_host_libvirtd_runs(fake, fs):
+    fake.qemu(100, "vm1", UUID.replace("6", "7"), {0: 101, 1: 102})            # the host libvirtd's: not ours
+    qemu_process(fake, 200, PVE_ARGV, {0: 201, 1: 202})
+    fake.write("/etc/pve/qemu-server/8006.conf", "cores: 2\ntags: cosched-gang-q20\n")
+    hand = ["qemu-system-x86_64", "-name", "hand", "-smp", "2"]
+    qemu_process(fake, 300, hand, {0: 301, 1: 302})
+    kube = ["/usr/bin/qemu-system-x86_64", "-name", "guest=default_vmi-fedora,debug-threads=on", "-uuid", UUID[::-1]]
+    qemu_process(fake, 400, kube, {0: 401})
+    fake.write("/proc/400/root/run/libvirt/qemu/default_vmi-fedora.xml",
+               '<domstatus state="running"><domain type="kvm"><name>default_vmi-fedora</name><metadata>'
+               '<cosched:policy xmlns:cosched="urn:cosched:libvirt:1" name="relaxed"/></metadata></domain></domstatus>')
+    facts = ProcessSource(fs).domains()
+    assert sorted((f.name, f.uuid, f.pid, f.source) for f in facts) == [
+        ("default_vmi-fedora", UUID[::-1], 400, "qemu"), ("hand", "qemu-pid-300", 300, "qemu"),
+        ("vm8006", UUID, 200, "qemu")]
+    snap = build_snapshot(fs, facts, Presets.load([]), "none")
+    by = {d.name: d for d in snap.domains}
+    assert (by["vm8006"].policy.preset, dict(by["vm8006"].policy.params)["quantum-ms"]) == ("gang", 20)
+    assert by["default_vmi-fedora"].policy.preset == "relaxed" and by["hand"].policy.preset == "none"
+    assert [v.tid for v in by["vm8006"].vcpus] == [201, 202] and by["vm8006"].source == "qemu"
+    assert by["vm8006"].vcpus[0].cgroup2 == "/machine/qemu-9-vm8006.libvirt-qemu/vcpu0"
+
+
+def test_sources_keep_the_guests_of_one_that_cannot_answer():
+    class Flaky:
+        connected, last_error, calls = True, None, 0
+
+        def domains(self):
+            self.calls += 1
+            if self.calls > 1:
+                self.connected, self.last_error = False, "libvirtd gone"
+                return None
+            from cosched.discovery import DomainFacts
+            return [DomainFacts("a", "u")]
+
+    class Fixed:
+        connected, last_error = True, None
+
+        def domains(self):
+            from cosched.discovery import DomainFacts
+            return [DomainFacts("b", "v", source="qemu")]
+    both = Sources([Flaky(), Fixed()])
+    assert [f.name for f in both.domains()] == ["a", "b"] and both.connected
+    assert [f.name for f in both.domains()] == ["a", "b"]
+    assert not both.connected and both.last_error == "libvirtd gone"
+
+
+def test_sources_are_configured_by_name():
+    assert from_dict({"sources": ["processes"]}).sources == ("processes",)
+    for bad in ([], ["libvirt", "libvirt"], ["xen"]):
+        with pytest.raises(ConfigError, match="sources"):
+            from_dict({"sources": bad})
+
+
+class FakeAffinity:
+    def __init__(self, cpus=(0, 1)):
+        self.now: dict[int, tuple] = {}
+        self.default = tuple(cpus)
+
+    def get(self, tid):
+        return self.now.get(tid, self.default)
+
+    def set(self, tid, cpus):
+        self.now[tid] = tuple(cpus)
+
+    def knob(self, fs):
+        return AffinityKnob(fs, get=self.get, set=self.set)
+
+
+def test_a_process_guest_is_pinned_through_its_threads_and_restored(fake, fs, tmp_path):
+    argv = lambda n, u: ["qemu-system-x86_64", "-name", n, "-uuid", u]
+    uuids = [UUID, UUID.replace("6", "8")]
+    for i, u in enumerate(uuids):
+        qemu_process(fake, 100 * (i + 1), argv(f"vm{i}", u), {0: 100 * (i + 1) + 1, 1: 100 * (i + 1) + 2})
+        fake.write(f"/etc/pve/qemu-server/{i}.conf", "")
+        for v in range(2):
+            fake.write(f"/sys/fs/cgroup/unified/machine/qemu-9-vm{i}.libvirt-qemu/vcpu{v}/cgroup.freeze", "0")
+    gang = '<domain><metadata><cosched:policy xmlns:cosched="urn:cosched:libvirt:1" name="gang" quantum-ms="200"/>' \
+           '</metadata></domain>'
+    facts = [f.__class__(f.name, f.uuid, xml=gang, pid=f.pid, source=f.source) for f in ProcessSource(fs).domains()]
+    snap = build_snapshot(fs, facts, Presets.load([]), "none")
+    affinity, pinner, journal = FakeAffinity(), FakePinner(), Journal(str(tmp_path / "run/journal"))
+    knob = FakeSched().knob(fs)
+    engine = Engine(fs, journal, pinner, sched=knob, affinity=affinity.knob(fs),
+                    switcher_factory=ThreadSwitcher.factory(fs, knob))
+    try:
+        engine.reconcile(snap)
+        assert affinity.now == {101: (0,), 102: (1,), 201: (0,), 202: (1,)}
+        assert pinner.calls == []                                      # libvirt is not asked about these
+        assert sorted(e["kind"] for e in journal.entries.values() if e["kind"] == "affinity") == ["affinity"] * 4
+    finally:
+        assert engine.release() == []
+    assert affinity.now == {tid: (0, 1) for tid in (101, 102, 201, 202)} and len(journal) == 0
+
+
+class CgroupFS:
+    """A fake cgroup v2 tree where writing a TID to ``cgroup.threads`` moves
+    the thread (its /proc cgroup files follow), ``cgroup.events`` follows
+    ``cgroup.freeze``, and a cgroup's directory goes with its control files."""
+
+    def __new__(cls, fake):
+        from cosched.hostfs import HostFS
+
+        class FS(HostFS):
+            def write(self, host_path, data):
+                super().write(host_path, data)
+                cg = host_path.rsplit("/", 1)[0]
+                if host_path.endswith("/cgroup.threads"):
+                    rel = cg[len(fake.cg2):] or "/"
+                    for p in (self.root / "proc").glob(f"*/task/{data}/cgroup"):
+                        p.write_text(f"0::{rel}\n")
+                    (self.root / f"proc/{data}/cgroup").write_text(f"0::{rel}\n")
+                elif host_path.endswith("/cgroup.freeze"):
+                    super().write(cg + "/cgroup.events", f"populated 1\nfrozen {data}\n")
+
+            def mkdir(self, host_path):
+                super().mkdir(host_path)
+                for name, text in (("cgroup.freeze", "0"), ("cgroup.events", "populated 0\nfrozen 0\n"),
+                                   ("cgroup.type", "domain"), ("cgroup.threads", "")):
+                    (self.path(host_path) / name).write_text(text)
+
+            def rmdir(self, host_path):
+                import shutil
+                shutil.rmtree(self.path(host_path))
+        return FS(fake.root)
+
+
+def test_a_proxmox_guest_gets_per_vcpu_cgroups_is_frozen_per_vcpu_and_given_back(tmp_path):
+    from fakehost import FakeHost
+    fake = FakeHost(tmp_path, mode="unified")                # Proxmox VE hosts are pure cgroup v2
+    fs = CgroupFS(fake)
+    for n, vmid in enumerate((8006, 8007)):
+        argv = ["/usr/bin/kvm", "-id", str(vmid), "-name", f"vm{vmid},debug-threads=on",
+                "-smbios", f"type=1,uuid={UUID[:-1]}{n}"]
+        qemu_process(fake, 100 * (n + 1), argv, {0: 100 * (n + 1) + 1, 1: 100 * (n + 1) + 2},
+                     layout=f"/qemu.slice/{vmid}.scope")
+        fake.write(f"/etc/pve/qemu-server/{vmid}.conf", "tags: cosched-gang-q200\n")
+    scope_files = {str(p.relative_to(tmp_path)) for p in (tmp_path / "sys").rglob("*")}
+    source = ProcessSource(fs)
+    build = lambda: build_snapshot(fs, source.domains(), Presets.load([]), "none")
+    resyncs = []
+    knob = FakeSched().knob(fs)
+    journal = Journal(str(tmp_path / "run/journal"))
+    engine = Engine(fs, journal, None, sched=knob, affinity=FakeAffinity().knob(fs),
+                    switcher_factory=ThreadSwitcher.factory(fs, knob), resync=lambda: resyncs.append(1))
+    try:
+        first = engine.reconcile(build())
+        assert resyncs and not first.cells                     # moved first, planned on the next snapshot
+        assert "not (yet) in per-vCPU cgroups" in first.rejected[f"{UUID[:-1]}0"]
+        snap = build()
+        assert [v.cgroup2 for v in snap.domains[0].vcpus] == ["/qemu.slice/8006.scope/vcpu0",
+                                                               "/qemu.slice/8006.scope/vcpu1"]
+        assert fs.read("/sys/fs/cgroup/qemu.slice/8006.scope/vcpu0/cgroup.type") == "threaded"
+        plan = engine.reconcile(snap)
+        assert [m.name for m in plan.cells[0].members] == ["vm8006", "vm8007"]
+        frozen = lambda vmid: fs.read(f"/sys/fs/cgroup/qemu.slice/{vmid}.scope/vcpu0/cgroup.freeze")
+        assert sorted([frozen(8006), frozen(8007)]) == ["0", "1"]
+    finally:
+        assert engine.release() == []
+    assert len(journal) == 0
+    assert (tmp_path / "proc/101/cgroup").read_text() == "0::/qemu.slice/8006.scope\n"
+    assert {str(p.relative_to(tmp_path)) for p in (tmp_path / "sys").rglob("*")} == scope_files
