@@ -87,9 +87,30 @@ def build_root(root: Path = ROOT) -> Path:
     return root
 
 
-def wheelhouse(requirements: tuple[str, ...] = ("prometheus-client>=0.20", "setuptools>=61", "wheel", "pip")) -> Path:
+FROM_DEBIAN = ("libvirt-python", "psutil")      # make install takes these from Debian (python3-libvirt, ...)
+
+
+def runtime_requirements() -> list[str]:
+    """The package's own requirements (setup.cfg), less those Debian provides, for this Python."""
+    import configparser
+
+    cfg = configparser.ConfigParser()
+    cfg.read(Path(__file__).resolve().parents[1] / "setup.cfg")
+    out = []
+    for req in filter(None, (r.strip() for r in cfg["options"]["install_requires"].splitlines())):
+        spec, _, marker = req.partition(";")
+        if spec.split(">")[0].split("=")[0].strip() in FROM_DEBIAN:
+            continue
+        if "python_version < \"3.11\"" in marker and sys.version_info >= (3, 11):
+            continue
+        out.append(spec.strip())
+    return out
+
+
+def wheelhouse() -> Path:
     """The wheels ``pip install .`` needs inside the container, fetched on the host."""
     WHEELS.mkdir(parents=True, exist_ok=True)
+    requirements = runtime_requirements() + ["setuptools>=61", "wheel", "pip"]
     r = run([sys.executable, "-m", "pip", "download", "-q", "-d", str(WHEELS), *requirements])
     if r.returncode != 0 and not any(WHEELS.glob("prometheus_client-*.whl")):
         raise RuntimeError(f"pip download failed: {r.stderr[-2000:]}")

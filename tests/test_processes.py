@@ -236,3 +236,25 @@ def test_a_proxmox_guest_gets_per_vcpu_cgroups_is_frozen_per_vcpu_and_given_back
     assert len(journal) == 0
     assert (tmp_path / "proc/101/cgroup").read_text() == "0::/qemu.slice/8006.scope\n"
     assert {str(p.relative_to(tmp_path)) for p in (tmp_path / "sys").rglob("*")} == scope_files
+
+
+def test_qemu_s_own_vcpu_map_names_threads_that_have_no_vcpu_names(fake, fs):
+    from cosched.discovery.qmp import QmpCache
+    argv = PVE_ARGV[:4] + ["vm8006"] + PVE_ARGV[5:]                       # no debug-threads: no CPU n/KVM names
+    fake.write("/proc/200/cmdline", b"\0".join(a.encode() for a in argv) + b"\0")
+    fake.thread(200, 200, "kvm", "/qemu.slice/8006.scope")
+    for tid in (201, 202):
+        fake.thread(200, tid, "kvm", "/qemu.slice/8006.scope")
+    asked = []
+
+    def query(path):
+        asked.append(path)
+        return {0: 202, 1: 201}
+    source = ProcessSource(fs, qmp=QmpCache(query))
+    for _ in range(3):
+        snap = build_snapshot(fs, source.domains(), Presets.load([]), "none")
+    assert [(v.index, v.tid) for v in snap.domains[0].vcpus] == [(0, 202), (1, 201)]
+    assert asked == [str(fs.path("/proc/200/root/var/run/qemu-server/8006.qmp"))]   # once, until threads change
+    fake.thread(200, 203, "kvm", "/qemu.slice/8006.scope")                          # a vCPU hot-plugged
+    source.domains()
+    assert len(asked) == 2

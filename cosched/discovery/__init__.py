@@ -31,7 +31,8 @@ class DomainFacts:
     Proxmox VE guest, its configuration's ``tags``; with neither, the default
     policy. ``pid``: the QEMU process when the source knows it (else it is
     looked up by name and UUID); ``source``: ``libvirt`` for the host
-    libvirtd's guests, ``qemu`` for processes found in /proc.
+    libvirtd's guests, ``qemu`` for processes found in /proc; ``qmp``: what
+    QEMU said of its vCPU threads, ``(index, thread id)`` pairs, when asked.
     """
 
     name: str
@@ -40,6 +41,7 @@ class DomainFacts:
     pid: int | None = None
     source: str = "libvirt"
     tags: tuple[str, ...] | None = None
+    qmp: tuple[tuple[int, int], ...] | None = None
 
 
 def build_domain(fs: HostFS, host: Host, facts: DomainFacts, presets: Presets, default_preset: str) -> Domain:
@@ -54,7 +56,7 @@ def build_domain(fs: HostFS, host: Host, facts: DomainFacts, presets: Presets, d
     except (AnnotationError, ParamError) as e:
         error = str(e)
     pid = facts.pid or find_qemu_pid(fs, facts.name, facts.uuid)
-    vcpus, warnings = vcpu_threads(fs, pid, host.cgroup2_mount) if pid else ((), ())
+    vcpus, warnings = vcpu_threads(fs, pid, host.cgroup2_mount, dict(facts.qmp or ())) if pid else ((), ())
     return Domain(name=facts.name, uuid=facts.uuid, pid=pid, vcpus=vcpus, policy=policy, error=error,
                   warnings=warnings, source=facts.source)
 

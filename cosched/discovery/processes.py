@@ -13,14 +13,17 @@ What the guest asks for, first found wins:
 * the status file of the libvirtd that runs it, seen through the process's
   own root (``/proc/PID/root/run/libvirt/qemu/NAME.xml``): a KubeVirt pod's
   private libvirtd keeps the domain XML, and its ``cosched:policy``
-  annotation, there;
+  annotation, there (its monitor socket is libvirtd's, so its vCPU threads
+  are known by name and cgroup, which libvirt always gives them);
 * its Proxmox VE configuration, ``PVE_DIR/VMID.conf`` (``-id VMID`` on the
   command line), and the ``cosched-`` tag on its ``tags:`` line (grammar in
   :mod:`cosched.annotation`), re-read at every resync;
 * otherwise the configured default policy.
 
 Its identity is the UUID on its command line (``-uuid`` or Proxmox's
-``-smbios type=1,uuid=``), else ``qemu-VMID`` or ``qemu-pid-PID``.
+``-smbios type=1,uuid=``), else ``qemu-VMID`` or ``qemu-pid-PID``. Where its
+command line names a QMP server socket, QEMU is asked for its vCPU threads
+(:mod:`cosched.discovery.qmp`).
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ import re
 
 from cosched.discovery import DomainFacts
 from cosched.discovery.qemu import QemuCmdline, parse
+from cosched.discovery.qmp import QmpCache
 from cosched.hostfs import HostFS
 
 log = logging.getLogger("cosched.discovery")
@@ -56,9 +60,10 @@ class ProcessSource:
     connected = True
     last_error = None
 
-    def __init__(self, fs: HostFS, pve_dir: str = PVE_DIR):
+    def __init__(self, fs: HostFS, pve_dir: str = PVE_DIR, qmp: QmpCache | None = None):
         self.fs = fs
         self.pve_dir = pve_dir
+        self.qmp = qmp or QmpCache()
         self._seen: set[int] = set()
 
     def ensure_connected(self) -> bool:
@@ -92,23 +97,34 @@ class ProcessSource:
                 found.append((int(entry), cmd))
         return found
 
+    def _qmp(self, pid: int, cmd: QemuCmdline) -> tuple[tuple[int, int], ...] | None:
+        """QEMU's own vCPU map, through its QMP socket (as seen from its own root)."""
+        if not cmd.qmp:
+            return None
+        path = cmd.qmp if self.fs.exists(cmd.qmp) else f"/proc/{pid}/root{cmd.qmp}"
+        threads = frozenset(self.fs.listdir(f"/proc/{pid}/task"))
+        answer = self.qmp.get(pid, str(self.fs.path(path)), threads)
+        return tuple(sorted(answer.items())) if answer else None
+
     def facts(self, pid: int, cmd: QemuCmdline) -> DomainFacts:
-        """One guest's facts: its identity and what it asks for."""
+        """One guest's facts: its identity, its vCPU map from QEMU, and what it asks for."""
         uuid = cmd.uuid or (f"qemu-{cmd.vmid}" if cmd.vmid else f"qemu-pid-{pid}")
+        qmp = self._qmp(pid, cmd)
         status = self.fs.read_or(f"/proc/{pid}/root{LIBVIRT_RUN}/{cmd.name}.xml")
         if status is not None:
-            return DomainFacts(cmd.name, uuid, xml=status, pid=pid, source="qemu")
+            return DomainFacts(cmd.name, uuid, xml=status, pid=pid, source="qemu", qmp=qmp)
         conf = self.fs.read_or(f"{self.pve_dir}/{cmd.vmid}.conf") if cmd.vmid else None
         if conf is not None:
-            return DomainFacts(cmd.name, uuid, pid=pid, source="qemu", tags=pve_tags(conf))
-        return DomainFacts(cmd.name, uuid, pid=pid, source="qemu")
+            return DomainFacts(cmd.name, uuid, pid=pid, source="qemu", tags=pve_tags(conf), qmp=qmp)
+        return DomainFacts(cmd.name, uuid, pid=pid, source="qemu", qmp=qmp)
 
     def domains(self) -> list[DomainFacts]:
         out = []
         for pid, cmd in self.processes():
             out.append(self.facts(pid, cmd))
             if pid not in self._seen:
-                log.info("domain=%s pid=%d action=found-process vmid=%s qmp=%s", cmd.name, pid, cmd.vmid or "-",
-                         cmd.qmp or "-")
+                log.info("domain=%s pid=%d action=found-process vmid=%s qmp=%s vcpus_from_qmp=%s", cmd.name, pid,
+                         cmd.vmid or "-", cmd.qmp or "-", len(out[-1].qmp or ()))
         self._seen = {f.pid for f in out}
+        self.qmp.forget(self._seen)
         return out

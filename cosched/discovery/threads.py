@@ -1,15 +1,19 @@
 """Which thread of a QEMU process runs which vCPU.
 
-Two independent witnesses, cross-checked:
+Up to three independent witnesses, cross-checked:
 
 * the thread name QEMU gives each vCPU thread: ``CPU <n>/KVM`` (or ``/TCG``,
-  ``/HVF``, ``/WHPX``) in ``/proc/PID/task/TID/comm``;
-* the cgroup libvirt moves each vCPU thread into: ``.../vcpu<n>`` in
-  ``/proc/PID/task/TID/cgroup`` (the v2 line, or a v1 controller line).
+  ``/HVF``, ``/WHPX``) in ``/proc/PID/task/TID/comm`` (with ``-name
+  ...,debug-threads=on``, which libvirt and Proxmox VE always pass);
+* the cgroup libvirt (or, for a guest without one, cosched) moves each vCPU
+  thread into: ``.../vcpu<n>`` in ``/proc/PID/task/TID/cgroup`` (the v2
+  line, or a v1 controller line);
+* where discovery asked QEMU over QMP (:mod:`cosched.discovery.qmp`), its own
+  ``cpu-index`` -> ``thread-id`` map.
 
-When both exist and disagree, libvirt's cgroup placement wins and a warning
-names the thread. Threads come and go (hot-plug, shutdown); a thread that
-vanishes between two reads is simply left out.
+The cgroup wins, then QEMU's word, then the name; a disagreement is a
+warning naming the thread. Threads come and go (hot-plug, shutdown); a
+thread that vanishes between two reads is simply left out.
 """
 from __future__ import annotations
 
@@ -88,10 +92,13 @@ def frozen(fs: HostFS, cgroup2_mount: str | None, path: str | None) -> bool | No
     return events_frozen(fs.read_or(f"{cgroup2_mount}{path}/cgroup.events"))
 
 
-def vcpu_threads(fs: HostFS, pid: int, cgroup2_mount: str | None) -> tuple[tuple[Vcpu, ...], tuple[str, ...]]:
-    """The vCPU threads of QEMU process ``pid`` sorted by index, and warnings."""
+def vcpu_threads(fs: HostFS, pid: int, cgroup2_mount: str | None,
+                 qmp: dict[int, int] | None = None) -> tuple[tuple[Vcpu, ...], tuple[str, ...]]:
+    """The vCPU threads of QEMU process ``pid`` sorted by index, and warnings;
+    ``qmp``: QEMU's own ``{index: thread id}``, when it was asked."""
     found: dict[int, Vcpu] = {}
     warnings: list[str] = []
+    said = {tid: index for index, tid in (qmp or {}).items()}
     for entry in fs.listdir(f"/proc/{pid}/task"):
         if not entry.isdigit():
             continue
@@ -100,9 +107,15 @@ def vcpu_threads(fs: HostFS, pid: int, cgroup2_mount: str | None) -> tuple[tuple
         m = _COMM.match(comm)
         name_index = int(m.group(1)) if m else None
         cg_index, v2, cpu_cg = _cgroups(fs.read_or(f"/proc/{pid}/task/{tid}/cgroup") or "")
+        qmp_index = said.get(tid)
         if name_index is not None and cg_index is not None and name_index != cg_index:
             warnings.append(f"tid={tid} is named {comm!r} but sits in cgroup vcpu{cg_index}; using vcpu{cg_index}")
-        index = cg_index if cg_index is not None else name_index
+        if qmp_index is not None and qmp_index != (cg_index if cg_index is not None else name_index) and (
+                cg_index is not None or name_index is not None):
+            warnings.append(f"tid={tid}: QEMU says vCPU {qmp_index}, its "
+                            + (f"cgroup vcpu{cg_index}" if cg_index is not None else f"name {comm!r}")
+                            + f"; using {cg_index if cg_index is not None else qmp_index}")
+        index = cg_index if cg_index is not None else qmp_index if qmp_index is not None else name_index
         if index is None:
             continue
         if index in found:

@@ -283,9 +283,7 @@ class Engine:
         if not mount:
             return False
         moved = False
-        for d in snap.domains:
-            if d.source == "libvirt" or d.policy is None or d.error or d.policy.kind in ("none", "boost"):
-                continue
+        for d in self._to_place(snap):
             for v in d.vcpus:
                 if snap.host.freeze_file(v):
                     continue                                   # it has one
@@ -307,6 +305,12 @@ class Engine:
                                     os.strerror(err.errno) if err.errno else str(err))
         return moved
 
+    @staticmethod
+    def _to_place(snap: Snapshot) -> list:
+        """Guests found as processes under a policy that may freeze them."""
+        return [d for d in snap.domains if d.source != "libvirt" and d.policy is not None and not d.error
+                and d.policy.kind not in ("none", "boost")]
+
     def _collect_garbage(self, snap: Snapshot) -> None:
         """Forget journal entries whose targets are gone for good (a cgroup
         cosched made for a thread that exited is removed first)."""
@@ -320,11 +324,14 @@ class Engine:
             elif kind in self.knobs and not self.knobs[kind].exists(e):
                 gone.append(key)
         self.journal.forget(gone)
-        exited = {k for k, e in self.journal.entries.items() if e.get("kind") == "place"
-                  and thread_start(self.fs, e["tid"]) != e["start_time"]}
-        if exited:
+        # threads back where they were: of guests that need no cgroups of their own any more (the
+        # switcher has let them go by now), and directories of threads that exited
+        keep = {d.uuid for d in self._to_place(snap)}
+        done = {k for k, e in self.journal.entries.items() if e.get("kind") == "place" and (
+            e.get("uuid") not in keep or thread_start(self.fs, e["tid"]) != e["start_time"])}
+        if done:
             for problem in jr.restore(self.journal, self.knobs, kinds=("place",), only=lambda e: self.placement.key(
-                    e["tid"], e["start_time"]) in exited):
+                    e["tid"], e["start_time"]) in done):
                 log.warning("action=unplace-failed %s", problem)
 
     # -- the switcher ---------------------------------------------------

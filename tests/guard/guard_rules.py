@@ -6,8 +6,8 @@ one (``os.sched_setscheduler``, ``os.sched_setparam``, ``os.sched_setaffinity``
 and ``set_attr`` in :mod:`cosched.actuators.sched`, the one place that calls
 ``sched_setattr``)
 and refuses, with EPERM, any target that is neither the calling process itself
-nor a vCPU thread of a test guest (a QEMU process whose ``-name`` starts with
-``guest=cosched-``). Each refusal is appended to ``$COSCHED_TEST_GUARD_LOG``,
+nor a vCPU thread of a test guest (a QEMU process whose ``-name`` names a
+guest ``cosched-*``). Each refusal is appended to ``$COSCHED_TEST_GUARD_LOG``,
 and the test during which a line appeared fails (``tests/conftest.py``). The
 test process installs it directly; every Python process the tests start gets
 it through ``sitecustomize`` (this directory is on their ``PYTHONPATH``).
@@ -20,7 +20,7 @@ import re
 import sys
 
 _VCPU = re.compile(r"^CPU \d+/(KVM|TCG)$")
-GUEST_PREFIX = b"guest=cosched-"
+GUEST_PREFIX = b"cosched-"
 
 
 def _read(path: str) -> bytes:
@@ -41,9 +41,11 @@ def allowed(tid: int) -> str | None:
     tgid = next((line.split()[1] for line in _read(f"/proc/{tid}/status").decode().splitlines()
                  if line.startswith("Tgid:")), "")
     args = _read(f"/proc/{tgid}/cmdline").split(b"\0")
-    if not any(a.startswith(GUEST_PREFIX) for a in args):
-        name = next((a.decode() for a in args if a.startswith(b"guest=")), "?")
-        return f"tid {tid} ({comm}) belongs to QEMU {tgid} ({name}), not a test guest"
+    # -name guest=NAME,... (libvirt) or -name NAME,... (Proxmox VE, hand-started)
+    name = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == b"-name"), b"")
+    name = name.split(b",")[0].removeprefix(b"guest=")
+    if not name.startswith(GUEST_PREFIX):
+        return f"tid {tid} ({comm}) belongs to QEMU {tgid} ({name.decode(errors='replace') or '?'}), not a test guest"
     return None
 
 

@@ -1,0 +1,154 @@
+"""A guest started as Proxmox VE starts one, managed with the same guarantees as a libvirt guest.
+
+No libvirt: QEMU is started directly with the command line Proxmox's ``qm``
+builds (``-id``, ``-name NAME,debug-threads=on``, a QMP server socket,
+``-pidfile``, ``-daemonize``, ``-smbios type=1,uuid=``), its process moved
+into a ``qemu.slice/VMID.scope`` cgroup made by the test (as systemd makes it
+for ``qm``), and its policy is a tag in a Proxmox-format ``VMID.conf``.
+cosched (``sources = ["processes"]``) finds both guests, learns their vCPU
+threads from QEMU over QMP, gives each vCPU thread its own cgroup under the
+scope, runs them as a gang, follows a tag change, and leaves the cgroup tree
+as it found it, on SIGTERM and through ``cosched reset`` after a SIGKILL.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid as uuidlib
+from pathlib import Path
+
+import pytest
+
+from testbed import guests
+
+from .conftest import DaemonProcess
+
+NAMES = ("cosched-it-pve-a", "cosched-it-pve-b")
+VMIDS = (8101, 8102)
+
+
+class PveGuest:
+    def __init__(self, name: str, vmid: int, tmp: Path, image):
+        self.name, self.vmid = name, vmid
+        self.uuid = str(uuidlib.uuid5(uuidlib.NAMESPACE_DNS, name))
+        self.qmp, self.pidfile, self.console = tmp / f"{vmid}.qmp", tmp / f"{vmid}.pid", tmp / f"{vmid}.console"
+        argv = ["qemu-system-x86_64", "-id", str(vmid), "-name", f"{name},debug-threads=on", "-no-shutdown",
+                "-chardev", f"socket,id=qmp,path={self.qmp},server=on,wait=off", "-mon", "chardev=qmp,mode=control",
+                "-pidfile", str(self.pidfile), "-daemonize", "-smbios", f"type=1,uuid={self.uuid}",
+                "-smp", "2,sockets=1,cores=2,maxcpus=2", "-nodefaults", "-display", "none", "-cpu", "qemu64",
+                "-m", "96", "-accel", "tcg", "-kernel", str(image.kernel), "-initrd", str(image.initrd),
+                "-append", "console=ttyS0 quiet panic=-1 -- barrier interval_ms=100",
+                "-serial", f"file:{self.console}"]
+        subprocess.run(argv, check=True, capture_output=True)
+        self.pid = int(self.pidfile.read_text())
+        v2 = guests.cgroup_mounts()[0]
+        self.scope = f"{v2}/qemu.slice/{vmid}.scope"
+        os.makedirs(self.scope, exist_ok=True)
+        Path(self.scope, "cgroup.procs").write_text(str(self.pid))
+
+    def tree(self) -> dict:
+        """The scope's cgroup tree: its directories, and which vCPU threads sit where
+        (QEMU's other threads may come and go on their own)."""
+        vcpus = {t for t in os.listdir(f"/proc/{self.pid}/task")
+                 if open(f"/proc/{self.pid}/task/{t}/comm").read().startswith("CPU ")}
+        return {d: sorted(set(open(f"{d}/cgroup.threads").read().split()) & vcpus) for d, _, _ in os.walk(self.scope)}
+
+    def iterations(self) -> int:
+        lines = [ln for ln in self.console.read_text(errors="replace").splitlines() if "cosched-result" in ln]
+        return int(lines[-1].split("iters=")[1].split()[0]) if lines else 0
+
+    def destroy(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        for _ in range(100):
+            if not os.path.exists(f"/proc/{self.pid}"):
+                break
+            time.sleep(0.05)
+        for d, _, _ in sorted(os.walk(self.scope), reverse=True):
+            os.rmdir(d)
+
+
+@pytest.fixture(scope="module")
+def pve(libvirtd, guest_image, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("pve")
+    conf = tmp / "qemu-server"
+    conf.mkdir()
+    gs = []
+    try:
+        for name, vmid in zip(NAMES, VMIDS):
+            gs.append(PveGuest(name, vmid, tmp, guest_image))
+            (conf / f"{vmid}.conf").write_text(f"cores: 2\nname: {name}\ntags: cosched-gang-q30;web\n")
+        deadline = time.monotonic() + 60
+        while not all(g.iterations() for g in gs):
+            assert time.monotonic() < deadline, "the guests did not boot"
+            time.sleep(0.2)
+        yield gs, conf
+    finally:
+        for g in gs:
+            g.destroy()
+        try:
+            os.rmdir(os.path.dirname(gs[0].scope))
+        except (OSError, IndexError):
+            pass
+
+
+def frozen(g: PveGuest, index: int) -> str:
+    return open(f"{g.scope}/vcpu{index}/cgroup.events").read().split()[-1]
+
+
+def test_a_proxmox_style_guest_is_found_placed_ganged_and_given_back(pve, tmp_path):
+    gs, conf = pve
+    before = [g.tree() for g in gs]
+    assert all(list(t) == [g.scope] for g, t in zip(gs, before))        # every thread in the scope, no children
+    daemon = DaemonProcess(tmp_path, extra_config=f'sources = ["processes"]\npve_config_dir = "{conf}"\n').start()
+    try:
+        daemon.wait(lambda: daemon.status()["daemon"]["engine"]["switches"].get("gang", 0) > 20, 20, "a gang of two")
+        for g in gs:
+            d = daemon.domain(g.name)
+            assert (d["uuid"], d["pid"], d["source"], d["policy"], d["params"]["quantum-ms"]) == (
+                g.uuid, g.pid, "qemu", "gang", 30)
+            threads = {int(t) for t in os.listdir(f"/proc/{g.pid}/task")
+                       if open(f"/proc/{g.pid}/task/{t}/comm").read().startswith("CPU ")}
+            assert {v["tid"] for v in d["vcpus"]} == threads
+            for v in d["vcpus"]:                                            # each in its own threaded cgroup
+                assert open(f"{g.scope}/vcpu{v['index']}/cgroup.threads").read().split() == [str(v["tid"])]
+                assert open(f"{g.scope}/vcpu{v['index']}/cgroup.type").read().strip() == "threaded"
+        assert "vcpus_from_qmp=2" in daemon.log.read_text()               # QEMU's own word on its vCPU threads
+        seen = set()
+        for _ in range(300):
+            seen.add(tuple(frozen(g, 0) + frozen(g, 1) for g in gs))
+            time.sleep(0.002)
+        assert ("00", "11") in seen and ("11", "00") in seen and ("00", "00") not in seen, seen
+        progress = [g.iterations() for g in gs]
+        time.sleep(1.5)
+        assert all(g.iterations() > p for g, p in zip(gs, progress)), "a guest made no progress"
+        # the tag changes: the guest leaves the gang and gets its threads back in its scope
+        (conf / f"{VMIDS[1]}.conf").write_text(f"cores: 2\nname: {NAMES[1]}\ntags: web\n")
+        daemon.wait(lambda: daemon.domain(NAMES[1])["policy"] == "none" and gs[1].tree() == before[1], 8,
+                    "tag change followed")
+    finally:
+        assert daemon.stop() == 0
+    assert [g.tree() for g in gs] == before
+    (conf / f"{VMIDS[1]}.conf").write_text(f"cores: 2\nname: {NAMES[1]}\ntags: cosched-gang-q30\n")
+
+
+def test_sigkill_then_reset_leaves_the_cgroup_tree_as_found(pve, tmp_path):
+    gs, conf = pve
+    before = [g.tree() for g in gs]
+    daemon = DaemonProcess(tmp_path, extra_config=f'sources = ["processes"]\npve_config_dir = "{conf}"\n').start()
+    try:
+        daemon.wait(lambda: daemon.status()["daemon"]["engine"]["switches"].get("gang", 0) > 10, 20, "a gang")
+        assert [g.tree() for g in gs] != before
+    finally:
+        os.killpg(os.getpgid(daemon.proc.pid), signal.SIGKILL)
+        daemon.proc.wait()
+    reset = subprocess.run([sys.executable, "-m", "cosched", "reset", "--config", str(daemon.config)],
+                           capture_output=True, text=True)
+    assert reset.returncode == 0, reset.stderr
+    assert [g.tree() for g in gs] == before
+    assert all(frozen == "0" for g in gs for frozen in [open(f"{g.scope}/cgroup.events").read().split()[-1]])
