@@ -208,7 +208,7 @@ def real_guests(count: int, work: Path) -> dict:
             daemon.wait(all_seen, 120, f"{count} guests")
             first = time.monotonic() - t0
             resync = daemon.status()["daemon"].get("last_resync_seconds")
-            subprocess.run(["pkill", "-x", "libvirtd"], check=True)
+            services.stop("libvirtd")
             daemon.wait(lambda: not daemon.status()["daemon"]["libvirt"]["connected"], 30, "libvirtd gone")
             services.ensure()
             t1 = time.monotonic()

@@ -18,6 +18,16 @@ names the culprit; the daemon then observes the guest without managing it.
 The status file a private libvirtd keeps of a running guest (a
 ``<domstatus>`` around the ``<domain>``) carries the same annotation.
 
+OpenStack nova rewrites an instance's domain XML (on every hard reboot, a
+resize, a migration), so an annotation added by hand does not last. Policy
+follows the flavor instead, from what nova itself writes into the XML
+(``<nova:instance><nova:flavor name=...>``): the flavor's extra spec
+``cosched:policy`` (a preset, then ``param=value`` words: ``openstack
+flavor set hpc.large --property cosched:policy='gang quantum-ms=20'``),
+which nova copies into the XML from metadata namespace 1.1 on; else the
+first ``flavor_policies`` rule of the configuration whose glob matches the
+flavor's name; else the default. An annotation still wins over both.
+
 Proxmox VE guests are not libvirt domains: they ask with a tag in their
 configuration (``tags: cosched-gang`` in ``/etc/pve/qemu-server/VMID.conf``,
 set with ``qm set VMID --tags cosched-gang``). The grammar::
@@ -36,6 +46,7 @@ tag; other tags are left alone.
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from fnmatch import fnmatchcase
 
 from cosched.model import PolicySpec
 from cosched.policy.params import ParamError
@@ -95,17 +106,66 @@ def policy_from_element(element: ET.Element, presets: Presets) -> PolicySpec:
         raise AnnotationError(e.param, str(e).split(": ", 1)[1]) from None
 
 
-def domain_policy(domain_xml: str, presets: Presets, default_preset: str) -> PolicySpec:
-    """The policy of a domain (or of a ``<domstatus>``'s domain): its annotation, else ``default_preset``."""
+def domain_policy(domain_xml: str, presets: Presets, default_preset: str,
+                  flavors: tuple[tuple[str, str], ...] = ()) -> PolicySpec:
+    """The policy of a domain (or of a ``<domstatus>``'s domain): its
+    annotation; else, for an OpenStack instance, its flavor's ``cosched:policy``
+    extra spec or the first of ``flavors`` (``(glob, preset)``) matching its
+    flavor's name; else ``default_preset``."""
     root = parse_domain_xml(domain_xml)
     if root.tag == "domstatus":
         root = root.find("domain")
         if root is None:
             raise AnnotationError("xml", "a <domstatus> without a <domain>")
     element = find_annotation(root)
-    if element is None:
-        return presets.spec(default_preset, {}, source="default")
-    return policy_from_element(element, presets)
+    if element is not None:
+        return policy_from_element(element, presets)
+    flavor = nova_flavor(root)
+    if flavor is not None:
+        name, specs = flavor
+        if EXTRA_SPEC in specs:
+            return extra_spec_policy(specs[EXTRA_SPEC], presets)
+        for pattern, preset in flavors:
+            if fnmatchcase(name, pattern):
+                try:
+                    return presets.spec(preset, {}, source="flavor")
+                except ParamError as e:
+                    raise AnnotationError("flavor_policies", f"flavor {name!r} matches {pattern!r}: {e}") from None
+    return presets.spec(default_preset, {}, source="default")
+
+
+# OpenStack: what nova writes into every instance's domain XML
+NOVA_NAMESPACES = ("http://openstack.org/xmlns/libvirt/nova/1.1", "http://openstack.org/xmlns/libvirt/nova/1.0")
+EXTRA_SPEC = "cosched:policy"
+
+
+def nova_flavor(domain: ET.Element) -> tuple[str, dict[str, str]] | None:
+    """``(flavor name, extra specs)`` from nova's ``<nova:instance>`` metadata
+    (extra specs are there from namespace 1.1 on), None for another guest."""
+    metadata = domain.find("metadata")
+    for ns in NOVA_NAMESPACES:
+        flavor = metadata.find(f"{{{ns}}}instance/{{{ns}}}flavor") if metadata is not None else None
+        if flavor is not None:
+            specs = {e.get("name", ""): (e.text or "").strip()
+                     for e in flavor.findall(f"{{{ns}}}extraSpecs/{{{ns}}}extraSpec")}
+            return flavor.get("name", ""), specs
+    return None
+
+
+def extra_spec_policy(value: str, presets: Presets) -> PolicySpec:
+    """The ``cosched:policy`` flavor extra spec: a preset name, then
+    ``param=value`` words (``gang quantum-ms=20``)."""
+    name, *words = value.split()
+    params = {}
+    for word in words:
+        key, sep, v = word.partition("=")
+        if not sep:
+            raise AnnotationError(EXTRA_SPEC, f"{word!r} is not param=value (in {value!r})")
+        params[key] = v
+    try:
+        return presets.spec(name, params, source="extra-spec")
+    except ParamError as e:
+        raise AnnotationError(EXTRA_SPEC, f"{e} (in {value!r})") from None
 
 
 TAG_PREFIX = "cosched-"

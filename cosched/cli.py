@@ -12,6 +12,27 @@ from cosched.config import DEFAULT_PATH, Config, ConfigError, load, parse_addres
 from cosched.control import request
 
 
+URGENT_NICE = -10
+
+
+def _urgent() -> None:
+    """Run ahead of busy guests: nice -10 (root only; never lowered).
+
+    Measured on the development host: with three busy 2-vCPU guests pinned
+    one vCPU per CPU and nothing frozen (what a killed daemon leaves until
+    it is back), a Python process at nice 0 needed 25 s to import what the
+    daemon imports, 0.15 s unpinned; at nice -10, 3.9 s. The daemon and
+    ``cosched reset`` are what undo that state, so they must not queue behind it.
+    """
+    import os
+
+    try:
+        if os.getpriority(os.PRIO_PROCESS, 0) > URGENT_NICE:
+            os.setpriority(os.PRIO_PROCESS, 0, URGENT_NICE)
+    except OSError:
+        pass                                    # not root: as it is
+
+
 def _load_config(path: str | None) -> Config:
     try:
         return load(path)
@@ -255,12 +276,14 @@ def cmd_validate(args) -> int:
         print(f"{args.file}: cannot read: {e}", file=sys.stderr)
         return 1
     try:
-        spec = domain_policy(text, _presets(config), config.default_policy)
+        spec = domain_policy(text, _presets(config), config.default_policy, config.flavor_policies)
     except (AnnotationError, ParamError) as e:
         print(f"{args.file}: invalid: {e}", file=sys.stderr)
         return 1
     params = " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in spec.params)
-    origin = "annotation" if spec.source == "annotation" else f"no annotation, default_policy {config.default_policy!r}"
+    origin = {"annotation": "annotation", "extra-spec": "the flavor's cosched:policy extra spec",
+              "flavor": "a flavor_policies rule"}.get(spec.source,
+                                                       f"no annotation, default_policy {config.default_policy!r}")
     print(f"{args.file}: valid: preset {spec.preset} (policy {spec.kind}{', ' + params if params else ''}) from {origin}")
     return 0
 
@@ -276,6 +299,10 @@ def cmd_check_config(args) -> int:
     if config.default_policy not in presets.by_name:
         problems.append(f"{args.path}: default_policy: unknown preset {config.default_policy!r} "
                         f"(known: {', '.join(sorted(presets.by_name))})")
+    for glob, preset in config.flavor_policies:
+        if preset not in presets.by_name:
+            problems.append(f"{args.path}: flavor_policies: flavor {glob!r}: unknown preset {preset!r} "
+                            f"(known: {', '.join(sorted(presets.by_name))})")
     return _finish(problems, "cosched: invalid", f"{args.path}: valid; presets: {', '.join(sorted(presets.by_name))}")
 
 
@@ -321,4 +348,6 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.func in (cmd_daemon, cmd_reset):
+        _urgent()
     return args.func(args)

@@ -36,6 +36,10 @@ re-reads it (see :meth:`cosched.daemon.Daemon.reload`); ``connect``,
 ``pve_config_dir`` (string, default ``/etc/pve/qemu-server``)
     where the ``processes`` source reads a Proxmox VE guest's ``VMID.conf``
     for its ``cosched-`` tag.
+``flavor_policies`` (list of tables ``{flavor = GLOB, policy = PRESET}``, default ``[]``)
+    OpenStack: the preset of an instance without an annotation and without a
+    ``cosched:policy`` flavor extra spec, by its flavor's name (the first
+    matching glob wins; see :mod:`cosched.annotation`).
 """
 from __future__ import annotations
 
@@ -64,6 +68,7 @@ class Config:
     switcher_priority: int = 50
     sources: tuple[str, ...] = ("libvirt",)
     pve_config_dir: str = "/etc/pve/qemu-server"
+    flavor_policies: tuple[tuple[str, str], ...] = ()
 
     @property
     def socket_path(self) -> str:
@@ -89,7 +94,18 @@ _RANGES = {"sample_interval_ms": (1, 1000), "resync_interval_s": (0.2, 300), "ma
            "switcher_priority": (2, 99)}
 
 
+def _flavor_rules(key: str, value: object) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, list) or not all(
+            isinstance(r, dict) and set(r) == {"flavor", "policy"} and all(isinstance(v, str) and v for v in r.values())
+            for r in value):
+        raise ConfigError(f"{key}: expected a list of tables {{flavor = \"GLOB\", policy = \"PRESET\"}}, "
+                          f"got {value!r}")
+    return tuple((r["flavor"], r["policy"]) for r in value)
+
+
 def _check(key: str, value: object, default: object) -> object:
+    if key == "flavor_policies":
+        return _flavor_rules(key, value)
     if isinstance(default, tuple):
         item = int if key == "reserved_cpus" else str
         if not isinstance(value, list) or not all(isinstance(v, item) and not isinstance(v, bool) for v in value):

@@ -91,7 +91,8 @@ class Daemon:
     def resync(self) -> Snapshot:
         started = time.monotonic()
         facts = self.source.domains()       # a source that cannot answer gives its last known guests
-        snap = build_snapshot(self.fs, facts, self.presets, self.config.default_policy, self.source.connected)
+        snap = build_snapshot(self.fs, facts, self.presets, self.config.default_policy, self.source.connected,
+                              self.config.flavor_policies)
         for level, line in report.changes(self.snapshot, snap):
             log.log(level, line)
         self.latest.snapshot = snap

@@ -61,7 +61,7 @@ class PolicySpec:
     preset: str
     kind: str
     params: tuple[tuple[str, object], ...] = ()
-    source: str = "default"                    # "annotation" or "default"
+    source: str = "default"                    # "annotation", "extra-spec", "flavor" or "default"
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,16 @@ def start(name: str) -> None:
     subprocess.run([f"/usr/sbin/{name}", "-d"], check=True)
 
 
+def stop(name: str, timeout: float = 30.0) -> None:
+    """Kill ``name`` (SIGTERM) and wait until it has exited."""
+    subprocess.run(["pkill", "-x", name], check=True)
+    deadline = time.monotonic() + timeout
+    while running(name):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{name} did not exit within {timeout}s")
+        time.sleep(0.1)
+
+
 def ensure(timeout: float = 30.0) -> None:
     """Start whatever is missing and wait for libvirtd to answer."""
     for name in ("virtlogd", "libvirtd"):

@@ -151,7 +151,8 @@ def test_a_dead_switcher_is_undone_and_replaced_at_once(fake, fs, tmp_path):
     asked = threading.Event()
     journal = Journal(str(tmp_path / "run/journal"))
     knob = FakeSched().knob(fs)
-    engine = Engine(fs, journal, FakePinner(), sched=knob, switcher_factory=ThreadSwitcher.factory(fs, knob),
+    pinner = FakePinner()
+    engine = Engine(fs, journal, pinner, sched=knob, switcher_factory=ThreadSwitcher.factory(fs, knob),
                     resync=asked.set)
     try:
         snap = snapshot(fake, fs, 2)
@@ -163,6 +164,7 @@ def test_a_dead_switcher_is_undone_and_replaced_at_once(fake, fs, tmp_path):
         first.kill()
         assert asked.wait(5), "the daemon was not asked to resync"
         assert all(freeze_file(fake, i, v).read_text() == "0" for i in range(2) for v in range(2))
+        assert all(m == (True, True) for m in pinner.maps.values())      # no pinning without a rotation
         engine.reconcile(snap)                            # the resync it asked for
         assert engine._proc is not first and engine._proc.poll() is None
         assert sorted(freeze_file(fake, i, 0).read_text() for i in range(2)) == ["0", "1"]

@@ -258,3 +258,16 @@ def test_qemu_s_own_vcpu_map_names_threads_that_have_no_vcpu_names(fake, fs):
     fake.thread(200, 203, "kvm", "/qemu.slice/8006.scope")                          # a vCPU hot-plugged
     source.domains()
     assert len(asked) == 2
+
+
+def test_the_vm_id_comes_from_paths_or_the_scope_where_qemu_has_no_id_option(fake, fs):
+    argv = ["qemu-system-x86_64", "-name", "vm1,debug-threads=on",
+            "-chardev", "socket,id=qmp,path=/var/run/qemu-server/105.qmp,server=on,wait=off",
+            "-mon", "chardev=qmp,mode=control"]
+    assert parse(argv).vmid == "105"
+    assert parse(["qemu-system-x86_64", "-name", "vm2", "-pidfile", "/run/qemu-server/106.pid"]).vmid == "106"
+    qemu_process(fake, 300, ["qemu-system-x86_64", "-name", "vm3"], {0: 301}, layout="/qemu.slice/107.scope")
+    fake.write("/proc/300/cgroup", "0::/qemu.slice/107.scope\n")
+    fake.write("/etc/pve/qemu-server/107.conf", "tags: cosched-relaxed\n")
+    (facts,) = ProcessSource(fs).domains()
+    assert (facts.uuid, facts.tags) == ("qemu-107", ("cosched-relaxed",))

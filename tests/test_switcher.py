@@ -310,3 +310,21 @@ def test_relaxed_freezes_only_the_leader_and_release_thaws_it(tmp_path):
     sw.release_all()
     assert fs.read(f"{CG2}/machine/a/vcpu0/cgroup.freeze") == "0"
     assert pr.Tally("a", 0, costop_ns=clock.now - frozen_at, costops=1) in sw.take_stats().tallies
+
+
+def test_a_new_switcher_adopts_vcpus_a_killed_one_left_frozen(tmp_path):
+    fs, clock = tree(tmp_path), Clock()
+    for i in range(2):                                   # a killed switcher froze b and co-stopped c's vCPU 1
+        fs.write(f"{CG2}/machine/b/vcpu{i}/cgroup.freeze", "1")
+    fs.write(f"{CG2}/machine/c/vcpu1/cgroup.freeze", "1")
+    sw = Switcher(fs, 300 * MS, sched=FakeSched().knob(fs), clock=clock)
+    sw.apply(gang(member("a"), member("b"), max_stall_ms=300))
+    assert thawed(fs, "ab") == ["a"]
+    clock.now += 50 * MS
+    sw.tick()
+    assert thawed(fs, "ab") == ["b"]                      # its slot thaws it: it was known frozen
+    sw.apply(replace(watched("relaxed", replace(member("c"), costop_ms=3, costart_ms=2)), max_stall_ms=300))
+    Procs(fs, (300, 301))
+    clock.now += 301 * MS
+    sw.tick()
+    assert fs.read(f"{CG2}/machine/c/vcpu1/cgroup.freeze") == "0"   # max_stall_ms thaws a co-stop it never made

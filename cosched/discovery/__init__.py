@@ -44,15 +44,17 @@ class DomainFacts:
     qmp: tuple[tuple[int, int], ...] | None = None
 
 
-def build_domain(fs: HostFS, host: Host, facts: DomainFacts, presets: Presets, default_preset: str) -> Domain:
-    """One domain of the model from a source's facts and /proc."""
+def build_domain(fs: HostFS, host: Host, facts: DomainFacts, presets: Presets, default_preset: str,
+                 flavors: tuple[tuple[str, str], ...] = ()) -> Domain:
+    """One domain of the model from a source's facts and /proc (``flavors``:
+    the ``flavor_policies`` rules for OpenStack instances)."""
     error = None
     policy = None
     try:
         if facts.tags is not None:
             policy = tag_policy(facts.tags, presets, default_preset)
         else:
-            policy = domain_policy(facts.xml or "<domain/>", presets, default_preset)
+            policy = domain_policy(facts.xml or "<domain/>", presets, default_preset, flavors)
     except (AnnotationError, ParamError) as e:
         error = str(e)
     pid = facts.pid or find_qemu_pid(fs, facts.name, facts.uuid)
@@ -62,11 +64,11 @@ def build_domain(fs: HostFS, host: Host, facts: DomainFacts, presets: Presets, d
 
 
 def build_snapshot(fs: HostFS, facts, presets: Presets, default_preset: str,
-                   connected: bool = True) -> Snapshot:
+                   connected: bool = True, flavors: tuple[tuple[str, str], ...] = ()) -> Snapshot:
     """A fresh snapshot of the host and the given running domains."""
     host = read_host(fs)
     domains = tuple(
-        build_domain(fs, host, f, presets, default_preset)
+        build_domain(fs, host, f, presets, default_preset, flavors)
         for f in sorted(facts, key=lambda f: f.name)
     )
     return Snapshot(host=host, domains=domains, taken_at=time.monotonic(), libvirt_connected=connected)

@@ -16,8 +16,10 @@ What the guest asks for, first found wins:
   annotation, there (its monitor socket is libvirtd's, so its vCPU threads
   are known by name and cgroup, which libvirt always gives them);
 * its Proxmox VE configuration, ``PVE_DIR/VMID.conf`` (``-id VMID`` on the
-  command line), and the ``cosched-`` tag on its ``tags:`` line (grammar in
-  :mod:`cosched.annotation`), re-read at every resync;
+  command line, or the id in its pid file or QMP socket path or in its
+  ``qemu.slice/VMID.scope`` cgroup), and the ``cosched-`` tag on its
+  ``tags:`` line (grammar in :mod:`cosched.annotation`), re-read at every
+  resync;
 * otherwise the configured default policy.
 
 Its identity is the UUID on its command line (``-uuid`` or Proxmox's
@@ -29,9 +31,10 @@ from __future__ import annotations
 
 import logging
 import re
+from dataclasses import replace
 
 from cosched.discovery import DomainFacts
-from cosched.discovery.qemu import QemuCmdline, parse
+from cosched.discovery.qemu import PVE_SCOPE, QemuCmdline, parse
 from cosched.discovery.qmp import QmpCache
 from cosched.hostfs import HostFS
 
@@ -106,8 +109,16 @@ class ProcessSource:
         answer = self.qmp.get(pid, str(self.fs.path(path)), threads)
         return tuple(sorted(answer.items())) if answer else None
 
+    def _vmid(self, pid: int, cmd: QemuCmdline) -> str | None:
+        """Proxmox VE's VM id: from the command line, else from the guest's ``qemu.slice/VMID.scope``."""
+        if cmd.vmid:
+            return cmd.vmid
+        m = PVE_SCOPE.search(self.fs.read_or(f"/proc/{pid}/cgroup") or "")
+        return m.group(1) if m else None
+
     def facts(self, pid: int, cmd: QemuCmdline) -> DomainFacts:
         """One guest's facts: its identity, its vCPU map from QEMU, and what it asks for."""
+        cmd = replace(cmd, vmid=self._vmid(pid, cmd))
         uuid = cmd.uuid or (f"qemu-{cmd.vmid}" if cmd.vmid else f"qemu-pid-{pid}")
         qmp = self._qmp(pid, cmd)
         status = self.fs.read_or(f"/proc/{pid}/root{LIBVIRT_RUN}/{cmd.name}.xml")

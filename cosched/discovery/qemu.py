@@ -12,7 +12,10 @@ options:
 ``-uuid UUID``, or ``-smbios type=1,uuid=UUID`` (Proxmox VE)
     its identity; without either, ``-id`` (Proxmox's VMID) or the pid stands in;
 ``-id VMID``
-    Proxmox VE's VM id, which names its configuration file;
+    Proxmox VE's VM id, which names its configuration file (an option of
+    Proxmox's own QEMU build; with another QEMU, the id in a
+    ``.../qemu-server/VMID.pid`` or ``VMID.qmp`` path stands in, and the
+    processes source also reads it from the ``qemu.slice/VMID.scope`` cgroup);
 ``-pidfile PATH``;
 ``-qmp unix:PATH[,...]``, or ``-chardev socket,id=ID,path=PATH,server=on,...``
 with ``-mon chardev=ID,mode=control`` (a client socket, such as Proxmox's
@@ -26,6 +29,7 @@ reach /proc, but a hand-written script may).
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 
@@ -98,5 +102,11 @@ def parse(argv: list[str]) -> QemuCmdline | None:
         kind, smbios = _options(args["smbios"])
         uuid = smbios.get("uuid")
     qmp = qmp or next((chardevs[m] for m in monitors if m in chardevs), None)
-    return QemuCmdline(name=name, uuid=uuid, vmid=args.get("id"), pidfile=args.get("pidfile"), qmp=qmp,
+    vmid = args.get("id") or next((m.group(1) for p in (args.get("pidfile"), qmp) if p
+                                   for m in [_PVE_PATH.search(p)] if m), None)
+    return QemuCmdline(name=name, uuid=uuid, vmid=vmid, pidfile=args.get("pidfile"), qmp=qmp,
                        debug_threads=opts.get("debug-threads") == "on")
+
+
+_PVE_PATH = re.compile(r"/qemu-server/(\d+)\.(?:pid|qmp)$")
+PVE_SCOPE = re.compile(r"/qemu\.slice/(\d+)\.scope(?:/|$)")

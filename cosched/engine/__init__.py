@@ -405,13 +405,22 @@ class Engine:
             elif isinstance(msg, pr.Stats):
                 self._account(msg)
         code = proc.wait()
-        if not getattr(proc, "stopping", False):
-            lived = time.monotonic() - getattr(proc, "started_at", 0.0)
-            log.error("action=switcher-died code=%s lived_s=%.1f: restoring thread policies and cgroup files, "
-                      "restarting it %s", code, lived, "now" if lived >= 1.0 else "at the next resync")
-            self._restore(kinds=("sched", "freeze", "rt"))
-            if lived >= 1.0:                 # one that dies at once is not restarted in a loop
-                self.resync()
+        if getattr(proc, "stopping", False):
+            return
+        lived = time.monotonic() - getattr(proc, "started_at", 0.0)
+        with self.op_lock:
+            if self._proc is not proc:
+                # a reconcile already started the next one and gave it the plan (and the journal's
+                # originals): undoing now would thaw what it froze and drop the originals it needs
+                log.error("action=switcher-died code=%s lived_s=%.1f: already replaced", code, lived)
+                return
+            log.error("action=switcher-died code=%s lived_s=%.1f: restoring thread policies, cgroup files and "
+                      "pinning, restarting it %s", code, lived, "now" if lived >= 1.0 else "at the next resync")
+            # pinning goes too: pinned vCPUs that no rotation freezes can starve the host's own
+            # tasks, the switcher about to be started among them
+            self._restore(kinds=("sched", "freeze", "rt", "pin", "affinity"))
+        if lived >= 1.0:                     # one that dies at once is not restarted in a loop
+            self.resync()
 
     def _account(self, msg: pr.Stats) -> None:
         with self.lock:

@@ -403,6 +403,7 @@ class Switcher:
         wanted = {k for c in cells.values() for m in c.members for k in m.keys()}
         wanted |= {k for w in watched.values() for k in w.keys}
         self._release([k for k in self.vinfo if k not in wanted], now)
+        self._adopt(wanted, now)
         self.cells, self.watched, self.max_boosted = cells, watched, msg.max_boosted
         self.next_poll = (self.next_poll or now) if watched else None
         for cell in cells.values():              # boosts that must go, before their runtime does
@@ -414,6 +415,19 @@ class Switcher:
             self._enter(cell, now, "fresh" if cell.deadline is None else "reapply")
         log.info("action=plan cells=%s watched=%s", ",".join(f"{c.id}:{len(c.members)}" for c in cells.values()) or "-",
                  ",".join(w.cell for w in watched.values()) or "-")
+
+    def _adopt(self, keys, now: int) -> None:
+        """vCPUs new to this switcher start from what their cgroup says: one
+        left frozen (by a switcher that was killed) is known frozen, so its
+        slot, its co-start or ``max_stall_ms`` thaws it."""
+        for k in keys:
+            if k in self.vstate:
+                continue
+            st = self.vstate[k] = VState()
+            path = self.vinfo[k][1].freeze
+            if path and (self.fs.read_or(path) or "").strip() == "1":
+                st.frozen, st.frozen_since, st.credited = True, now, now
+                log.info("domain=%s vcpu=%d action=adopted-frozen", self.vinfo[k][0], k[1])
 
     def _enter(self, cell: CellState, now: int, how: str) -> None:
         """Make the cell's actual state match its active member.

@@ -62,11 +62,8 @@ static void barrier_wait(void)
 static void *vcpu(void *arg)
 {
     long index = (long)arg;
-    char name[16];
     unsigned long x = (unsigned long)index + 1;
 
-    snprintf(name, sizeof name, "CPU %ld/KVM", index);
-    pthread_setname_np(pthread_self(), name);
     while (!stop) {
         if (strcmp(workload, "spin") == 0) {
             x = compute(x, STEPS);
@@ -108,10 +105,13 @@ int main(int argc, char **argv)
     signal(SIGINT, on_term);
     pthread_setname_np(pthread_self(), "qemu-system-x86");
     for (long i = 0; i < nthreads; i++) {
+        char name[16];
         if (pthread_create(&threads[i], NULL, vcpu, (void *)i) != 0) {
             perror("synthetic-qemu: pthread_create");
             return 1;
         }
+        snprintf(name, sizeof name, "CPU %ld/KVM", i);     /* named before "ready" is printed */
+        pthread_setname_np(threads[i], name);
     }
     printf("synthetic ready vcpus=%d workload=%s\n", nthreads, workload);
     fflush(stdout);
