@@ -127,6 +127,8 @@ def test_sigkill_at_random_points_leaves_nothing_past_max_stall(busy, tmp_path):
             kind = "daemon" if n % 2 == 0 else "switcher"
             sampler = Sampler()
             sampler.start()
+            while len(sampler.samples) < 5:                        # it sees the state before the kill
+                time.sleep(0.001)
             time.sleep(rng.uniform(0.0, 0.15))                     # a random point of the rotation
             if kind == "daemon":
                 os.killpg(os.getpgid(daemon.proc.pid), signal.SIGKILL)
