@@ -14,6 +14,10 @@ re-reads it (see :meth:`cosched.daemon.Daemon.reload`); ``connect``,
     the preset of guests without an annotation.
 ``sample_interval_ms`` (integer 1-1000, default 10)
     how often every vCPU's schedstat is read; also the skew window.
+``sample_budget_pct`` (number 0.1-100, default 2)
+    the most CPU sampling may take, in percent of one CPU: on a host with
+    many vCPUs the sampling period stretches beyond ``sample_interval_ms``
+    to stay within it (see :mod:`cosched.sampler`).
 ``resync_interval_s`` (number 0.2-300, default 5)
     full rediscovery even without libvirt events.
 ``presets_dirs`` (list of strings, default ``["/etc/cosched/policies.d"]``)
@@ -60,6 +64,7 @@ class Config:
     metrics_address: str = "127.0.0.1:9641"
     default_policy: str = "none"
     sample_interval_ms: int = 10
+    sample_budget_pct: float = 2.0
     resync_interval_s: float = 5.0
     presets_dirs: tuple[str, ...] = ("/etc/cosched/policies.d",)
     state_dir: str = "/run/cosched"
@@ -90,7 +95,7 @@ def parse_address(text: str, key: str) -> tuple[str, int]:
 
 
 SOURCES = ("libvirt", "processes")
-_RANGES = {"sample_interval_ms": (1, 1000), "resync_interval_s": (0.2, 300), "max_stall_ms": (10, 10000),
+_RANGES = {"sample_interval_ms": (1, 1000), "sample_budget_pct": (0.1, 100), "resync_interval_s": (0.2, 300), "max_stall_ms": (10, 10000),
            "switcher_priority": (2, 99)}
 
 

@@ -123,6 +123,7 @@ class Daemon:
         changed = [f.name for f in fields(Config) if getattr(new, f.name) != getattr(self.config, f.name)]
         self.config = new
         self.sampler.interval = new.sample_interval_ms / 1000.0
+        self.sampler.budget = new.sample_budget_pct / 100.0
         self.engine.reserved_cpus, self.engine.max_stall_ms = new.reserved_cpus, new.max_stall_ms
         self.presets = Presets.load(list(new.presets_dirs))
         log.info("action=reloaded changed=%s presets=%s errors=%d", ",".join(changed) or "-",
@@ -211,7 +212,8 @@ class Daemon:
     def health(self) -> dict:
         """The daemon's own health, for metrics."""
         return {"libvirt_connected": self.source.connected, "samples": self.sampler.samples,
-                "late_samples": self.sampler.late, "preset_errors": len(self.presets.errors),
+                "late_samples": self.sampler.late, "sample_period": self.sampler.period,
+                "preset_errors": len(self.presets.errors),
                 "switcher_realtime": self.engine.stats().realtime, "healthy": not self._unhealthy}
 
     # -- status ---------------------------------------------------------
@@ -240,6 +242,7 @@ class Daemon:
             "dry_run": self.dry_run,
             "libvirt": {"uri": self.config.connect, "connected": self.source.connected, "error": self.source.last_error},
             "sample_interval_ms": self.config.sample_interval_ms,
+            "sample_period_ms": 1000 * self.sampler.period,
             "samples": self.sampler.samples,
             "late_samples": self.sampler.late,
             "last_resync_seconds": self.last_resync_s,

@@ -113,6 +113,10 @@ class CoschedCollector:
         samples.add_metric([], h["samples"])
         late = CounterMetricFamily("cosched_late_samples", "Sampling passes that started over one interval late")
         late.add_metric([], h["late_samples"])
+        period = GaugeMetricFamily("cosched_sample_period_seconds",
+                                   "Sampling period in force: sample_interval_ms, or longer to stay within "
+                                   "sample_budget_pct on a host with many vCPUs")
+        period.add_metric([], h["sample_period"])
         presets = GaugeMetricFamily("cosched_preset_errors", "Preset files that failed to load (see the log)")
         presets.add_metric([], h["preset_errors"])
         realtime = GaugeMetricFamily(
@@ -124,7 +128,7 @@ class CoschedCollector:
         healthy = GaugeMetricFamily("cosched_healthy",
                                     "1 while the sampler and discovery threads run and sample (the watchdog is fed)")
         healthy.add_metric([], 1 if h["healthy"] else 0)
-        yield from (connected, samples, late, presets, realtime, healthy)
+        yield from (connected, samples, late, period, presets, realtime, healthy)
 
     @staticmethod
     def _engine_metrics(s):

@@ -35,6 +35,7 @@ def build_daemon(config: Config, *, dry_run: bool = False, config_path: str | No
     engine = Engine(fs, Journal(config.journal_path), LibvirtPinner(libvirt.live_conn) if libvirt else None,
                     reserved_cpus=config.reserved_cpus, max_stall_ms=config.max_stall_ms,
                     switcher_priority=config.switcher_priority, dry_run=dry_run, resync=wake.set)
-    sampler = Sampler(fs, config.sample_interval_ms / 1000.0, latest.get, wake.set, costop=engine.costop)
+    sampler = Sampler(fs, config.sample_interval_ms / 1000.0, latest.get, wake.set, costop=engine.costop,
+                      budget=config.sample_budget_pct / 100.0)
     return Daemon(config, fs=fs, source=source, engine=engine, sampler=sampler, latest=latest, wake=wake,
                   dry_run=dry_run, config_path=config_path, overrides=overrides)

@@ -31,14 +31,14 @@ class DaemonProcess:
         self.log = self.tmp / "daemon.log"
         self.proc: subprocess.Popen | None = None
 
-    def start(self, *args: str, env: dict | None = None) -> "DaemonProcess":
+    def start(self, *args: str, env: dict | None = None, timeout: float = 30.0) -> "DaemonProcess":
         """Start it (``env``: extra environment variables) and wait until it answers."""
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "cosched", "daemon", "--config", str(self.config),
              "--metrics-address", f"127.0.0.1:{self.port}", *args],
             stdout=subprocess.DEVNULL, stderr=open(self.log, "w"), start_new_session=True,
             env={**os.environ, **(env or {})})
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.status() is not None:
                 return self

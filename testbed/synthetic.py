@@ -143,9 +143,11 @@ def _mkdirs(path: str, own: list[str], parents: list[str]) -> None:
 
 
 def start(name: str, vcpus: int = 2, workload: str = "sleep", layout: str = "libvirt", vmid: int | None = None,
-          pve_dir: str | None = None, tags: str | None = None, workdir: Path | None = None) -> SyntheticGuest:
+          pve_dir: str | None = None, tags: str | None = None, workdir: Path | None = None,
+          sleep_ms: int = 1) -> SyntheticGuest:
     """Start a synthetic guest and place its threads as libvirt would; with
-    ``pve_dir`` and ``tags`` also write its ``VMID.conf``."""
+    ``pve_dir`` and ``tags`` also write its ``VMID.conf``. ``sleep_ms``: how
+    long a ``sleep`` thread sleeps between its short computations."""
     binary = build()
     vmid = vmid if vmid is not None else 1000 + (abs(hash(name)) % 9000)
     guid = str(uuidlib.uuid5(uuidlib.NAMESPACE_DNS, name))
@@ -154,7 +156,7 @@ def start(name: str, vcpus: int = 2, workload: str = "sleep", layout: str = "lib
         Path(pve_dir, f"{vmid}.conf").write_text(f"cores: {vcpus}\n" + (f"tags: {tags}\n" if tags else ""))
     log = (workdir or Path("/tmp")) / f"{name}.out"
     argv = ["qemu-system-x86_64", "-name", f"guest={name},debug-threads=on", "-uuid", guid, "-id", str(vmid),
-            "-smp", str(vcpus), "-workload", workload]
+            "-smp", str(vcpus), "-workload", workload, "-sleep-ms", str(sleep_ms)]
     proc = subprocess.Popen(argv, executable=str(binary), stdout=open(log, "w"), stderr=subprocess.STDOUT,
                             start_new_session=True)
     g = SyntheticGuest(name, guid, vmid, vcpus, layout, proc, log)

@@ -184,3 +184,15 @@ def test_sampler_follows_snapshot_changes(fake, fs):
     current[0] = build_snapshot(fs, [], Presets.load([]), "none")
     s.step(now_ns=10_000_000)
     assert s.view() == {}
+
+
+def test_sampling_stretches_its_period_to_stay_within_its_cpu_budget(fs):
+    from cosched.sampler import Sampler
+    s = Sampler(fs, 0.010, lambda: None, budget=0.02)
+    assert s.stretch(0.0001) == pytest.approx(0.010)          # 0.1 ms a pass at 10 ms: 1%, within 2%
+    for _ in range(60):
+        period = s.stretch(0.004)                             # 4 ms a pass (hundreds of vCPUs)
+    assert period == pytest.approx(0.2, rel=0.05)             # 4 ms per 200 ms: 2%
+    for _ in range(60):
+        period = s.stretch(0.0001)
+    assert period == pytest.approx(0.010)                     # back once passes are cheap again

@@ -1,6 +1,14 @@
 """The sampler: reads every vCPU's schedstat at a fixed rate and accumulates
 per-vCPU run/wait and per-domain hazard, partial contention and skew.
 
+Its cost grows with the vCPUs it reads (two ``pread`` and some arithmetic
+each, about 15-30 µs per vCPU and pass on the development host), so it keeps
+within a CPU budget (``sample_budget_pct`` of one CPU): when a pass costs more
+than the budget allows at ``sample_interval_ms``, the period stretches to
+``pass cost / budget`` (an average over recent passes), and every window
+with it. Totals stay exact; windows, and so skew and hazard's resolution,
+get coarser. The period in force is :attr:`Sampler.period`.
+
 It follows the current :class:`~cosched.model.Snapshot` (a callable returns
 it), keeps one open descriptor per vCPU thread (a ``pread`` costs about 1 µs,
 an ``open`` about 10 µs), and samples on an absolute-time schedule so a late
@@ -94,9 +102,13 @@ def read_state(fd: int | None) -> tuple[bool, int | None]:
 class Sampler:
     def __init__(self, fs: HostFS, interval: float, snapshot: Callable[[], Snapshot | None],
                  on_vanished: Callable[[], None] = lambda: None,
-                 costop: Callable[[], dict[tuple[str, int], float]] = dict):
+                 costop: Callable[[], dict[tuple[str, int], float]] = dict, budget: float = 0.02):
         self.fs = fs
         self.interval = interval
+        self.budget = budget        # fraction of one CPU the sampling may take
+        self.period = interval      # the period in force (stretched to stay within the budget)
+        self._cost: float | None = None   # recent CPU seconds per pass
+        self._logged = interval
         self.snapshot = snapshot
         self.on_vanished = on_vanished
         self.costop = costop
@@ -197,15 +209,26 @@ class Sampler:
             log.info("action=vcpu-vanished resync=requested")
             self.on_vanished()
 
+    def stretch(self, cost: float) -> float:
+        """Take one pass's CPU seconds; return the period that keeps sampling within the budget."""
+        self._cost = cost if self._cost is None else self._cost + 0.1 * (cost - self._cost)
+        self.period = max(self.interval, self._cost / self.budget)
+        if abs(self.period - self._logged) > 0.2 * self._logged:        # state changes only
+            log.info("action=sample-period period_ms=%.0f interval_ms=%.0f pass_ms=%.2f budget_pct=%g",
+                     1000 * self.period, 1000 * self.interval, 1000 * self._cost, 100 * self.budget)
+            self._logged = self.period
+        return self.period
+
     def run(self, stop: threading.Event) -> None:
-        """Sample every ``interval`` on an absolute schedule until ``stop``."""
+        """Sample every ``period`` on an absolute schedule until ``stop``."""
         deadline = time.monotonic_ns()
         while not stop.is_set():
-            period = int(self.interval * 1e9)          # a reload may change it
+            spent = time.thread_time()
             try:
                 self.step()
             except Exception:  # never let one bad sample end sampling
                 log.exception("action=sample-failed")
+            period = int(self.stretch(time.thread_time() - spent) * 1e9)   # a reload may change the interval
             deadline += period
             now = time.monotonic_ns()
             if now > deadline:

@@ -5,7 +5,7 @@
  * Started (by testbed/synthetic.py) with argv[0] "qemu-system-x86_64" and
  *
  *     -name guest=NAME,debug-threads=on -uuid UUID [-id VMID]
- *     -smp N -workload spin|barrier|sleep
+ *     -smp N -workload spin|barrier|sleep [-sleep-ms MS]
  *
  * it runs N threads named "CPU <i>/KVM", as QEMU names vCPU threads, each
  * running the workload, and its main thread is named like QEMU's. The
@@ -15,7 +15,7 @@
  *   spin     each thread computes without pause: always runnable;
  *   barrier  compute 20,000 steps, then meet the other threads at a spin
  *            barrier: threads that do not run together make no progress;
- *   sleep    compute a little, then sleep 1 ms: mostly idle.
+ *   sleep    compute a little, then sleep (-sleep-ms, default 1 ms): mostly idle.
  *
  * Every second the main thread prints "synthetic iters=<total>" (crossings
  * for barrier, loops otherwise) on stdout, flushed. It exits on SIGTERM.
@@ -35,6 +35,7 @@
 
 static int nthreads;
 static const char *workload = "sleep";
+static long sleep_ns = 1000000;
 static atomic_ulong iters[MAX_VCPUS];
 static atomic_uint arrived;
 static atomic_uint generation;
@@ -71,9 +72,9 @@ static void *vcpu(void *arg)
             x = compute(x, STEPS);
             barrier_wait();
         } else {
-            struct timespec ms = {0, 1000000};
+            struct timespec pause = {sleep_ns / 1000000000, sleep_ns % 1000000000};
             x = compute(x, STEPS / 20);
-            nanosleep(&ms, NULL);
+            nanosleep(&pause, NULL);
         }
         atomic_fetch_add(&iters[index], 1);
     }
@@ -96,6 +97,8 @@ int main(int argc, char **argv)
             nthreads = atoi(argv[i + 1]);
         else if (strcmp(argv[i], "-workload") == 0)
             workload = argv[i + 1];
+        else if (strcmp(argv[i], "-sleep-ms") == 0)
+            sleep_ns = atol(argv[i + 1]) * 1000000L;
     }
     if (nthreads < 1 || nthreads > MAX_VCPUS) {
         fprintf(stderr, "synthetic-qemu: -smp must be 1..%d\n", MAX_VCPUS);
