@@ -21,7 +21,9 @@ woken by a 20 Hz tick (at 1 ms, a thousand of them swamp 2 CPUs with wake-ups).
 **Switching** (``--sizes``, ``--cells``): the switch loop's own figures,
 from the real switcher process fed one plan, as the daemon feeds it: two
 guests of each size taking 50 ms turns (their threads spinning), and
-``--cells`` cells of two 2-vCPU guests each. The planner would not admit
+``--cells`` cells of two 2-vCPU guests each (their threads asleep: spinning,
+sixteen cells' running vCPUs would oversubscribe 2 CPUs sixteen times, and
+each freeze would wait for its thread to get a CPU). The planner would not admit
 guests larger than this host's 2 CPUs, nor 16 cells on it, so the plan is
 the one it makes on a host big enough; the switcher does not look at CPUs.
 Figures: switch latency (first freeze write until every incoming vCPU is
@@ -177,8 +179,9 @@ def switching(sizes: list[int], cells: int, seconds: float, work: Path) -> dict:
     if cells:
         gs = []
         try:
-            for n in range(2 * cells):
-                gs.append(synthetic.start(f"{PREFIX}cell{n}", vcpus=2, workload="spin", vmid=30000 + n, workdir=work))
+            for n in range(2 * cells):            # asleep: 16 cells' turns on 2 CPUs would be 16x oversubscribed
+                gs.append(synthetic.start(f"{PREFIX}cell{n}", vcpus=2, workload="sleep", sleep_ms=SLEEP_MS,
+                                          vmid=30000 + n, workdir=work))
             out["cells"] = {"cells": cells, **run_switcher([(f"cell{c}", gs[2 * c:2 * c + 2]) for c in range(cells)],
                                                            seconds)}
         finally:
@@ -248,7 +251,7 @@ def summary(res: dict) -> str:
                          f"{s['latency_p99_ms']:.2f} | {s['lateness_p99_ms']:.2f} |")
     if sw.get("cells"):
         c = sw["cells"]
-        lines += ["", f"{c['cells']} cells of two 2-vCPU guests each: {c['switches']} switches, latency p50 "
+        lines += ["", f"{c['cells']} cells of two 2-vCPU guests each (threads asleep): {c['switches']} switches, latency p50 "
                       f"{c['latency_p50_ms']:.2f} ms, p99 {c['latency_p99_ms']:.2f} ms; slot lateness p50 "
                       f"{c['lateness_p50_ms']:.2f} ms, p99 {c['lateness_p99_ms']:.2f} ms."]
     r = res.get("real")
