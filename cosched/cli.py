@@ -20,9 +20,13 @@ def _urgent() -> None:
 
     Measured on the development host: with three busy 2-vCPU guests pinned
     one vCPU per CPU and nothing frozen (what a killed daemon leaves until
-    it is back), a Python process at nice 0 needed 25 s to import what the
-    daemon imports, 0.15 s unpinned; at nice -10, 3.9 s. The daemon and
-    ``cosched reset`` are what undo that state, so they must not queue behind it.
+    it is back), importing what the daemon imports took 0.2-22 s at nice 0
+    (six runs: 4.9, 0.2, 6.1, 22.0, 0.2, 0.5) and 0.2-6.2 s at nice -10 (0.2,
+    2.2, 6.2, 0.3, 2.6, 0.2), 0.15 s unpinned: the host scheduler can keep a
+    runnable task off both CPUs for seconds next to libvirt's vCPU groups
+    (``benchmarks/README.md``, the cfs baseline). The daemon and ``cosched
+    reset`` are what undo that state, so they should queue behind it as
+    little as they can.
     """
     import os
 

@@ -29,7 +29,7 @@ from cosched import status as report
 from cosched.config import Config, ConfigError
 from cosched.control import ControlServer
 from cosched.discovery import build_snapshot
-from cosched.discovery.threads import live_state
+from cosched.discovery.threads import Placed, live_state
 from cosched.hostfs import HostFS
 from cosched.metrics import CoschedCollector, serve
 from cosched.model import Snapshot
@@ -82,6 +82,7 @@ class Daemon:
         self._samples_seen, self._sampled_at, self._unhealthy = -1, time.monotonic(), False
         self.auto = Auto()
         self.last_resync_s: float | None = None
+        self.placed = Placed()                 # vCPU threads known to be in their own cgroups
 
     @property
     def snapshot(self) -> Snapshot | None:
@@ -92,7 +93,7 @@ class Daemon:
         started = time.monotonic()
         facts = self.source.domains()       # a source that cannot answer gives its last known guests
         snap = build_snapshot(self.fs, facts, self.presets, self.config.default_policy, self.source.connected,
-                              self.config.flavor_policies)
+                              self.config.flavor_policies, self.placed)
         for level, line in report.changes(self.snapshot, snap):
             log.log(level, line)
         self.latest.snapshot = snap

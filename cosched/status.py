@@ -115,8 +115,8 @@ def document(snap: Snapshot | None, views: Mapping, plan: Plan, stats, live: Map
             "vcpus": [{
                 "index": vc.index,
                 "tid": vc.tid,
-                "cpus": list(vc.cpus),
-                **live.get((d.uuid, vc.index), {"frozen": vc.frozen, "sched": vc.sched, "priority": vc.priority}),
+                **live.get((d.uuid, vc.index), {"cpus": list(vc.cpus), "frozen": vc.frozen, "sched": vc.sched,
+                                                "priority": vc.priority}),
                 "run_seconds": per_vcpu[vc.index].run if vc.index in per_vcpu else None,
                 "wait_seconds": per_vcpu[vc.index].wait if vc.index in per_vcpu else None,
                 "costop_seconds": stats.costop.get((d.uuid, vc.index), 0.0),

@@ -45,7 +45,11 @@ class DaemonProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"daemon exited:\n{self.log.read_text()}")
             time.sleep(0.1)
-        raise TimeoutError(f"daemon did not answer:\n{self.log.read_text()}")
+        # never leave one behind: it would go on managing every annotated guest on the host
+        os.killpg(os.getpgid(self.proc.pid), signal.SIGKILL)
+        self.proc.wait()
+        raise TimeoutError(f"daemon did not answer within {timeout:g}s (killed, with its switcher):\n"
+                           f"{self.log.read_text()}")
 
     def status(self) -> dict | None:
         from cosched.control import request

@@ -1,7 +1,7 @@
 from cosched.discovery import build_domain, build_snapshot
 from cosched.discovery.host import cgroup_layout, read_host
 from cosched.discovery.libvirt import DomainFacts
-from cosched.discovery.threads import find_qemu_pid, vcpu_threads
+from cosched.discovery.threads import Placed, find_qemu_pid, live_state, vcpu_threads
 from cosched.hostfs import HostFS, parse_cpu_list
 from cosched.policy.presets import Presets
 from fakehost import FakeHost
@@ -41,9 +41,26 @@ def test_vcpu_threads_from_name_and_cgroup(fake, fs):
     fake.freeze("/machine/qemu-1-vm1.libvirt-qemu/vcpu1", True)
     vcpus, warnings = vcpu_threads(fs, 100, fake.cg2)
     assert [(v.index, v.tid) for v in vcpus] == [(0, 101), (1, 102)]
-    assert vcpus[1].frozen and not vcpus[0].frozen
-    assert vcpus[0].cpus == (0, 1) and vcpus[0].sched == "other"
-    assert warnings == ()
+    assert vcpus[0].sched == "other" and warnings == ()
+    # what changes all the time is read when asked
+    live = [live_state(fs, fake.cg2, v, 100) for v in vcpus]
+    assert [x["frozen"] for x in live] == [False, True] and live[0]["cpus"] == [0, 1]
+
+
+def test_a_resync_reads_one_stat_per_vcpu_thread_it_knows(fake, fs):
+    fake.qemu(100, "vm1", UUID, {0: 101, 1: 102})
+    placed = Placed()
+    first, _ = vcpu_threads(fs, 100, fake.cg2, placed=placed)
+    for tid in (101, 102):                             # what a known, placed thread need not show again
+        (fake.root / f"proc/100/task/{tid}/comm").unlink()
+        (fake.root / f"proc/100/task/{tid}/cgroup").unlink()
+    again, _ = vcpu_threads(fs, 100, fake.cg2, placed=placed)
+    assert again == first
+    fake.thread(100, 102, "CPU 1/TCG", "/machine/qemu-1-vm1.libvirt-qemu/vcpu1")   # a TID reused: read afresh
+    fake.stat(100, 102, "CPU 1/TCG")
+    (fake.root / "proc/100/task/102/stat").write_text((fake.root / "proc/100/task/102/stat").read_text().replace(
+        " 1102 ", " 9999 "))
+    assert vcpu_threads(fs, 100, fake.cg2, placed=placed)[0][1].start_time == 9999
 
 
 def test_vcpu_threads_without_cgroups_use_names(fake, fs):
@@ -64,7 +81,7 @@ def test_fifo_thread_reported(fake, fs):
     fake.qemu(100, "vm1", UUID, {})
     fake.thread(100, 101, "CPU 0/TCG", "/machine/x/vcpu0", policy=1, prio=5, cpus="1")
     (v,) = vcpu_threads(fs, 100, fake.cg2)[0]
-    assert (v.sched, v.priority, v.cpus) == ("fifo", 5, (1,))
+    assert (v.sched, v.priority, live_state(fs, fake.cg2, v, 100)["cpus"]) == ("fifo", 5, [1])
 
 
 def test_vanished_process_gives_no_vcpus(fs):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from cosched.annotation import AnnotationError, domain_policy, tag_policy
 from cosched.discovery.host import read_host
-from cosched.discovery.threads import find_qemu_pid, vcpu_threads
+from cosched.discovery.threads import Placed, find_qemu_pid, vcpu_threads
 from cosched.hostfs import HostFS
 from cosched.model import Domain, Host, Snapshot
 from cosched.policy.params import ParamError
@@ -45,7 +45,7 @@ class DomainFacts:
 
 
 def build_domain(fs: HostFS, host: Host, facts: DomainFacts, presets: Presets, default_preset: str,
-                 flavors: tuple[tuple[str, str], ...] = ()) -> Domain:
+                 flavors: tuple[tuple[str, str], ...] = (), placed: Placed | None = None) -> Domain:
     """One domain of the model from a source's facts and /proc (``flavors``:
     the ``flavor_policies`` rules for OpenStack instances)."""
     error = None
@@ -58,19 +58,23 @@ def build_domain(fs: HostFS, host: Host, facts: DomainFacts, presets: Presets, d
     except (AnnotationError, ParamError) as e:
         error = str(e)
     pid = facts.pid or find_qemu_pid(fs, facts.name, facts.uuid)
-    vcpus, warnings = vcpu_threads(fs, pid, host.cgroup2_mount, dict(facts.qmp or ())) if pid else ((), ())
+    vcpus, warnings = vcpu_threads(fs, pid, host.cgroup2_mount, dict(facts.qmp or ()), placed) if pid else ((), ())
     return Domain(name=facts.name, uuid=facts.uuid, pid=pid, vcpus=vcpus, policy=policy, error=error,
                   warnings=warnings, source=facts.source)
 
 
 def build_snapshot(fs: HostFS, facts, presets: Presets, default_preset: str,
-                   connected: bool = True, flavors: tuple[tuple[str, str], ...] = ()) -> Snapshot:
-    """A fresh snapshot of the host and the given running domains."""
+                   connected: bool = True, flavors: tuple[tuple[str, str], ...] = (),
+                   placed: Placed | None = None) -> Snapshot:
+    """A fresh snapshot of the host and the given running domains (``placed``:
+    what earlier snapshots learnt of their vCPU threads, kept across calls)."""
     host = read_host(fs)
     domains = tuple(
-        build_domain(fs, host, f, presets, default_preset, flavors)
+        build_domain(fs, host, f, presets, default_preset, flavors, placed)
         for f in sorted(facts, key=lambda f: f.name)
     )
+    if placed is not None:
+        placed.keep({d.pid for d in domains if d.pid})
     return Snapshot(host=host, domains=domains, taken_at=time.monotonic(), libvirt_connected=connected)
 
 
