@@ -23,7 +23,7 @@ LIBDIR ?= /opt/cosched
 SYSCONFDIR ?= /etc/cosched
 UNITDIR ?= /etc/systemd/system
 
-.PHONY: deps runtime-deps venv image services test unit integration soak demo bench bench-smoke install uninstall clean
+.PHONY: deps runtime-deps venv image services test unit integration soak demo bench bench-smoke bench-scale install uninstall clean
 
 missing = $$(for p in $(1); do \
 	    dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done)
@@ -79,6 +79,10 @@ demo: image services
 # the full benchmark suite (about an hour on 2 CPUs); results in benchmarks/results/
 bench: image services
 	$(PY) -m benchmarks.suite --guests 2,4 --reps 2 --seconds 5 --mixed 3,4 --phases 90
+
+# costs against the number of vCPUs and guests (synthetic guests, and 100 real ones): about 15 minutes
+bench-scale: image services
+	$(PY) -m benchmarks.scale
 
 # a small run of the same harness: about 2 minutes (1.7 min on the 2-CPU development host, image and services ready)
 bench-smoke: image services

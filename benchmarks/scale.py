@@ -20,7 +20,11 @@ woken by a 20 Hz tick (at 1 ms, a thousand of them swamp 2 CPUs with wake-ups).
 
 **Switching** (``--sizes``, ``--cells``): the switch loop's own figures,
 from the real switcher process fed one plan, as the daemon feeds it: two
-guests of each size taking 50 ms turns (their threads spinning), and
+guests of each size taking 50 ms turns, their threads asleep (a thread
+freezes as soon as it is told: the switcher's own cost) and then spinning
+(a running thread freezes when it next enters the kernel, and here 2 CPUs
+serve all of one guest's spinning threads: from 8 vCPUs a guest on, that
+is the host's oversubscription, not the switcher), and
 ``--cells`` cells of two 2-vCPU guests each (their threads asleep: spinning,
 sixteen cells' running vCPUs would oversubscribe 2 CPUs sixteen times, and
 each freeze would wait for its thread to get a CPU). The planner would not admit
@@ -167,15 +171,17 @@ def run_switcher(cells: list[tuple[str, list[synthetic.SyntheticGuest]]], second
 
 def switching(sizes: list[int], cells: int, seconds: float, work: Path) -> dict:
     out = {"sizes": [], "cells": None}
-    for k in sizes:
-        gs = []
-        try:
-            for n in range(2):
-                gs.append(synthetic.start(f"{PREFIX}sw{k}-{n}", vcpus=k, workload="spin", vmid=20000 + 100 * k + n,
-                                          workdir=work))
-            out["sizes"].append({"vcpus_per_guest": k, **run_switcher([("gang", gs)], seconds)})
-        finally:
-            synthetic.destroy_all(gs)
+    for workload in ("sleep", "spin"):
+        for k in sizes:
+            gs = []
+            try:
+                for n in range(2):
+                    gs.append(synthetic.start(f"{PREFIX}sw{k}-{n}", vcpus=k, workload=workload, sleep_ms=SLEEP_MS,
+                                              vmid=20000 + 100 * k + n, workdir=work))
+                out["sizes"].append({"vcpus_per_guest": k, "workload": workload,
+                                     **run_switcher([("gang", gs)], seconds)})
+            finally:
+                synthetic.destroy_all(gs)
     if cells:
         gs = []
         try:
@@ -243,12 +249,15 @@ def summary(res: dict) -> str:
     sw = res.get("switching") or {}
     if sw.get("sizes"):
         lines += ["", "## Switching", "",
-                  "The real switcher process on one plan: two guests taking 50 ms turns, their vCPU threads "
-                  "spinning (exact nanosecond samples, not histogram buckets).", "",
-                  "| vCPUs per guest | switches | latency p50 ms | latency p99 ms | lateness p99 ms |", "|---|---|---|---|---|"]
+                  "The real switcher process on one plan: two guests taking 50 ms turns (exact nanosecond "
+                  "samples, not histogram buckets). Asleep, a vCPU thread freezes as soon as it is told, so the "
+                  "latency is the switcher's own; spinning, it freezes when it next enters the kernel, and on "
+                  "this 2-CPU host that waits for a CPU behind the guest's other spinning threads.", "",
+                  "| vCPUs per guest | threads | switches | latency p50 ms | latency p99 ms | lateness p99 ms |",
+                  "|---|---|---|---|---|---|"]
         for s in sw["sizes"]:
-            lines.append(f"| {s['vcpus_per_guest']} | {s['switches']} | {s['latency_p50_ms']:.2f} | "
-                         f"{s['latency_p99_ms']:.2f} | {s['lateness_p99_ms']:.2f} |")
+            lines.append(f"| {s['vcpus_per_guest']} | {s.get('workload', 'spin')} | {s['switches']} | "
+                         f"{s['latency_p50_ms']:.2f} | {s['latency_p99_ms']:.2f} | {s['lateness_p99_ms']:.2f} |")
     if sw.get("cells"):
         c = sw["cells"]
         lines += ["", f"{c['cells']} cells of two 2-vCPU guests each (threads asleep): {c['switches']} switches, latency p50 "
@@ -268,10 +277,9 @@ def summary(res: dict) -> str:
         if n in obs:
             checks.append(f"{n} vCPUs observed for at most {TARGETS[key]:g}% of one CPU: "
                           f"{obs[n]['cpu_pct']:.1f}% ({'met' if obs[n]['cpu_pct'] <= TARGETS[key] else 'not met'})")
-    big = next((s for s in (sw.get("sizes") or []) if s["vcpus_per_guest"] == 64), None)
-    if big:
-        checks.append(f"switch p99 at most 1 ms at 64 vCPUs per guest: {big['latency_p99_ms']:.2f} ms "
-                      f"({'met' if big['latency_p99_ms'] <= 1.0 else 'not met'})")
+    for big in (s for s in (sw.get("sizes") or []) if s["vcpus_per_guest"] == 64):
+        checks.append(f"switch p99 at most 1 ms at 64 vCPUs per guest, threads {big.get('workload', 'spin')}: "
+                      f"{big['latency_p99_ms']:.2f} ms ({'met' if big['latency_p99_ms'] <= 1.0 else 'not met'})")
     if 1024 in obs:
         ms = 1000 * obs[1024]["scrape_s"]
         checks.append(f"/metrics scraped in under 100 ms at 1024 vCPUs: {ms:.0f} ms ({'met' if ms < 100 else 'not met'})")

@@ -30,7 +30,7 @@ from cosched.hostfs import HostFS
 from cosched.kernel import parse_schedstat, stat_runnable_cpu
 from cosched.model import Snapshot
 from cosched.histogram import Histogram
-from cosched.sampler.estimate import VcpuCarry, estimate, place
+from cosched.sampler.estimate import VcpuCarry, Window, estimate, place
 
 log = logging.getLogger("cosched.sampler")
 
@@ -198,7 +198,10 @@ class Sampler:
                         stopped.append(min(d_costop, dt))
                         cpus.append(stayed)
                 if dt > 0 and placed:
-                    w = estimate(dt, placed, stopped, cpus)
+                    # a guest whose vCPUs all slept through the window (most of them, on a big host):
+                    # nothing to estimate, the window is one of no hazard, contention or skew
+                    idle = not any(r or w for r, w in placed) and not any(stopped)
+                    w = Window(dt, 0.0, 0.0, 0.0) if idle else estimate(dt, placed, stopped, cpus)
                     stats.hazard += w.hazard
                     stats.partial += w.partial
                     stats.observed += dt
