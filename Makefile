@@ -68,10 +68,12 @@ test: image services
 	$(PY) -m pytest -q tests
 
 # the long form of the fault suite: 10,000 fuzzed configs, presets and annotations each,
-# and 100 SIGKILLs of the daemon or its switcher at random points of a rotation
+# 100 SIGKILLs of the daemon or its switcher at random points of a rotation, and
+# 1,000 guests created and destroyed next to a rotation
 soak: image services
 	COSCHED_FUZZ_EXAMPLES=10000 $(PY) -m pytest -q tests/test_fuzz.py
 	COSCHED_KILLS=100 $(PY) -m pytest -q tests/integration/test_chaos.py
+	COSCHED_CYCLES=1000 $(PY) -m pytest -q tests/integration/test_synthetic.py
 
 demo: image services
 	$(PY) -m testbed.demo

@@ -94,8 +94,8 @@ def _scrape(daemon: DaemonProcess) -> tuple[float, int]:
     return statistics.median(times), size
 
 
-def observation(total: int, per_guest: int, seconds: float, work: Path) -> dict:
-    """One daemon watching ``total`` synthetic vCPUs."""
+def observation(total: int, per_guest: int, seconds: float, work: Path, budget: float | None = None) -> dict:
+    """One daemon watching ``total`` synthetic vCPUs (``budget``: its ``sample_budget_pct``)."""
     pve = work / f"pve-{total}"
     gs: list[synthetic.SyntheticGuest] = []
     try:
@@ -106,7 +106,8 @@ def observation(total: int, per_guest: int, seconds: float, work: Path) -> dict:
         vcpus = sum(g.vcpus for g in gs)
         (work / f"daemon-{total}").mkdir(exist_ok=True)
         daemon = DaemonProcess(work / f"daemon-{total}",
-                               extra_config=f'sources = ["processes"]\npve_config_dir = "{pve}"\n').start(timeout=180)
+                               extra_config=f'sources = ["processes"]\npve_config_dir = "{pve}"\n'
+                                            + (f"sample_budget_pct = {budget}\n" if budget else "")).start(timeout=180)
         try:
             daemon.wait(lambda: sum(len(d["vcpus"]) for d in daemon.status()["domains"]) == vcpus, 60,
                         f"{vcpus} vCPUs observed")
@@ -118,6 +119,7 @@ def observation(total: int, per_guest: int, seconds: float, work: Path) -> dict:
             samples = s1["samples"] - s0["samples"]
             cpu = c1 - c0
             return {"vcpus": vcpus, "guests": len(gs), "seconds": t1 - t0, "cpu_pct": 100 * cpu / (t1 - t0),
+                    "budget_pct": budget, "period_ms": s1.get("sample_period_ms"),
                     "samples": samples, "late_samples": s1["late_samples"] - s0["late_samples"],
                     "us_per_vcpu_sample": 1e6 * cpu / (samples * vcpus) if samples else None,
                     "resync_s": s1.get("last_resync_seconds"), "scrape_s": scrape_s, "metrics_bytes": size,
@@ -233,16 +235,20 @@ def real_guests(count: int, work: Path) -> dict:
         guests.destroy_all(PREFIX)
 
 
+def _period(o: dict) -> str:
+    return "-" if o.get("period_ms") is None else f"{o['period_ms']:.0f}"
+
+
 def summary(res: dict) -> str:
     lines = ["# Scale benchmark", "", f"Host: {res['host']['cpus']} CPUs, kernel {res['host']['kernel']}.", "",
              f"Command: `{res['command']}`", "", "## Observation", "",
              f"One daemon watching synthetic guests of {res['config']['per_guest']} vCPUs (threads asleep but for "
-             f"~20 µs every {SLEEP_MS} ms), "
+             f"~20 µs every {SLEEP_MS} ms), sample_budget_pct {res['config'].get('sample_budget_pct') or 'default (2)'}, "
              f"every guest under `none`, for {res['config']['seconds']:g} s.", "",
-             "| vCPUs | guests | daemon CPU % | µs per vCPU-sample | samples/s | late | resync ms | scrape ms | /metrics KiB | RSS MiB |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| vCPUs | guests | daemon CPU % | sampling period ms | µs per vCPU-sample | samples/s | late | resync ms | scrape ms | /metrics KiB | RSS MiB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for o in res["observation"]:
-        lines.append(f"| {o['vcpus']} | {o['guests']} | {o['cpu_pct']:.1f} | "
+        lines.append(f"| {o['vcpus']} | {o['guests']} | {o['cpu_pct']:.1f} | {_period(o)} | "
                      f"{o['us_per_vcpu_sample']:.1f} | {o['samples'] / o['seconds']:.0f} | {o['late_samples']} | "
                      f"{1000 * (o['resync_s'] or 0):.0f} | {1000 * o['scrape_s']:.0f} | "
                      f"{o['metrics_bytes'] / 1024:.0f} | {o['rss_mb']:.0f} |")
@@ -296,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", type=ints, default=[1, 2, 8, 32, 64])
     ap.add_argument("--cells", type=int, default=16)
     ap.add_argument("--libvirt-guests", type=int, default=100)
+    ap.add_argument("--sample-budget", type=float, default=None, help="the daemon's sample_budget_pct (default: its own)")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--report", type=Path, default=None, help="redraw DIR/summary.md from DIR/results.json")
     args = ap.parse_args(argv)
@@ -311,10 +318,11 @@ def main(argv: list[str] | None = None) -> int:
     res = {"host": {"cpus": len(os.sched_getaffinity(0)), "kernel": os.uname().release},
            "command": " ".join(["python -m benchmarks.scale", *sys.argv[1:]]),
            "config": {"vcpus": args.vcpus, "per_guest": args.per_guest, "seconds": args.seconds,
-                      "sizes": args.sizes, "cells": args.cells, "libvirt_guests": args.libvirt_guests},
+                      "sizes": args.sizes, "cells": args.cells, "libvirt_guests": args.libvirt_guests,
+                      "sample_budget_pct": args.sample_budget},
            "observation": [], "switching": None, "real": None}
     for n in args.vcpus:
-        res["observation"].append(observation(n, args.per_guest, args.seconds, work))
+        res["observation"].append(observation(n, args.per_guest, args.seconds, work, args.sample_budget))
         print(f"observation {n} vCPUs: {res['observation'][-1]['cpu_pct']:.1f}% of a CPU", flush=True)
     res["switching"] = switching(args.sizes, args.cells, args.seconds, work)
     print("switching done", flush=True)
