@@ -258,6 +258,14 @@ def test_qemu_s_own_vcpu_map_names_threads_that_have_no_vcpu_names(fake, fs):
     fake.thread(200, 203, "kvm", "/qemu.slice/8006.scope")                          # a vCPU hot-plugged
     source.domains()
     assert len(asked) == 2
+    # a socket that does not answer is not waited on at every resync
+    now = [0.0]
+    busy = QmpCache(lambda path: asked.append(path), clock=lambda: now[0])
+    for _ in range(3):
+        assert busy.get(200, "/q", frozenset({"1"})) is None
+    now[0] = 61.0
+    busy.get(200, "/q", frozenset({"1"}))
+    assert len(asked) == 4
 
 
 def test_the_vm_id_comes_from_paths_or_the_scope_where_qemu_has_no_id_option(fake, fs):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from qemu.qmp import QMPClient, QMPError
 
@@ -45,19 +46,26 @@ def vcpu_threads(path: str, timeout: float = TIMEOUT_S) -> dict[int, int] | None
         return None
 
 
-class QmpCache:
-    """One answer per process, asked again only when its set of threads changes."""
+RETRY_S = 60.0
 
-    def __init__(self, query=vcpu_threads):
+
+class QmpCache:
+    """One answer per process, asked again only when its set of threads
+    changes; a query that failed (socket busy or gone) is tried again after
+    :data:`RETRY_S`, so that a resync never waits on the same dead socket twice running."""
+
+    def __init__(self, query=vcpu_threads, clock=time.monotonic):
         self.query = query
-        self._answers: dict[int, tuple[frozenset, dict[int, int] | None]] = {}
+        self.clock = clock
+        self._answers: dict[int, tuple[frozenset, dict[int, int] | None, float]] = {}
 
     def get(self, pid: int, path: str, threads: frozenset) -> dict[int, int] | None:
         known = self._answers.get(pid)
-        if known is not None and known[0] == threads and known[1] is not None:
+        if known is not None and known[0] == threads and (
+                known[1] is not None or self.clock() - known[2] < RETRY_S):
             return known[1]
         answer = self.query(path)
-        self._answers[pid] = (threads, answer)
+        self._answers[pid] = (threads, answer, self.clock())
         return answer
 
     def forget(self, alive: set[int]) -> None:
