@@ -3,8 +3,11 @@
 The unit by ``systemd-analyze verify``, the alert rules by ``promtool check
 rules`` and ``promtool test rules``, the dashboards and provisioning files by
 their structure (tests/integration/test_prometheus.py then runs every
-dashboard query and alert rule against a real Prometheus). The tools come
-from Debian's systemd and prometheus packages, which ``make test`` installs.
+dashboard query and alert rule against a real Prometheus), the Kubernetes
+DaemonSet by ``kubernetes-validate`` against the Kubernetes API schema. The
+tools come from Debian's systemd and prometheus packages and PyPI, which
+``make test`` installs. The container build files are built nowhere here
+(these machines run no container engine).
 """
 from __future__ import annotations
 
@@ -92,6 +95,9 @@ def test_alert_rules_check_and_unit_tests_pass():
     r = run("promtool", "check", "rules", "cosched-alerts.yml", cwd=prom)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "SUCCESS: 11 rules found" in r.stdout
+    r = run("promtool", "check", "rules", "cosched-fleet-rules.yml", cwd=prom)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "SUCCESS: 9 rules found" in r.stdout
     r = run("promtool", "test", "rules", "cosched-alerts.test.yml", cwd=prom)
     assert r.returncode == 0, r.stdout + r.stderr
 
@@ -108,23 +114,38 @@ def test_scrape_snippet_names_the_job_and_the_rules():
     cfg = yaml.safe_load((DEPLOY / "prometheus" / "scrape-cosched.yml").read_text())
     assert [j["job_name"] for j in cfg["scrape_configs"]] == ["cosched"]      # CoschedDown matches job="cosched"
     assert cfg["rule_files"][0].endswith("cosched-alerts.yml")
+    assert cfg["rule_files"][1].endswith("cosched-fleet-rules.yml")
+
+
+def test_the_federation_example_takes_the_recording_rules_and_the_daemons_health():
+    cfg = yaml.safe_load((DEPLOY / "prometheus" / "federate-cosched.yml").read_text())
+    (job,) = cfg["scrape_configs"]
+    assert job["metrics_path"] == "/federate" and job["honor_labels"] is True
+    matches = job["params"]["match[]"]
+    rules = yaml.safe_load((DEPLOY / "prometheus" / "cosched-fleet-rules.yml").read_text())
+    recorded = [r["record"] for g in rules["groups"] for r in g["rules"]]
+    assert all(name.startswith("cosched:") for name in recorded) and any("cosched:.*" in m for m in matches)
+    fleet = json.loads((DEPLOY / "grafana" / "dashboards" / "cosched-fleet.json").read_text())
+    used = set(re.findall(r"cosched:[a-z_:0-9]+", " ".join(t["expr"] for p in fleet["panels"] for t in p["targets"])))
+    assert used and used <= set(recorded), used - set(recorded)
 
 
 @pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
 def test_dashboard_shape(path):
     text = path.read_text()
     d = json.loads(text)
-    assert d["uid"] in ("cosched-host", "cosched-guest") and "${DS_" not in text
+    assert d["uid"] in ("cosched-host", "cosched-guest", "cosched-fleet") and "${DS_" not in text
     variables = {v["name"]: v for v in d["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
-    assert "domain" in variables and "instance" in variables
+    if d["uid"] != "cosched-fleet":                         # the fleet is every host at once
+        assert "domain" in variables and "instance" in variables
     ids = [p["id"] for p in d["panels"]]
     assert len(ids) == len(set(ids))
     for p in d["panels"]:
         assert p["datasource"]["uid"] == "${datasource}", p["title"]
         assert p["targets"] and all(t["expr"] and t["datasource"]["uid"] == "${datasource}" for t in p["targets"])
         for t in p["targets"]:
-            names = set(re.findall(r"\b(cosched_[a-z_]+|process_[a-z_]+)", t["expr"]))
+            names = set(re.findall(r"\b(cosched_[a-z_]+|cosched:[a-z_:0-9]+|process_[a-z_]+|up(?=\{job=\"cosched\"))", t["expr"]))
             assert names, t["expr"]
 
 
@@ -148,3 +169,17 @@ def test_grafana_provisioning():
     assert "PREFIX ?= /usr/local" in makefile and "SHAREDIR ?= $(PREFIX)/share/cosched" in makefile
     assert provider["options"]["path"] == "/usr/local/share/cosched/grafana/dashboards"
 
+
+def test_the_daemonset_validates_against_the_kubernetes_schema():
+    import kubernetes_validate
+    docs = list(yaml.safe_load_all((DEPLOY / "kubernetes" / "cosched-daemonset.yaml").read_text()))
+    assert [d["kind"] for d in docs] == ["Namespace", "ConfigMap", "DaemonSet"]
+    version = kubernetes_validate.latest_version()
+    for doc in docs:
+        kubernetes_validate.validate(doc, version, strict=True)
+    ds = docs[2]["spec"]["template"]["spec"]
+    assert ds["hostPID"] and ds["containers"][0]["securityContext"]["privileged"]
+    config = docs[1]["data"]["cosched.toml"]
+    from cosched.config import from_dict
+    from cosched.compat import tomllib
+    assert from_dict(tomllib.loads(config)).sources == ("processes",)

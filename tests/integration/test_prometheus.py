@@ -1,11 +1,14 @@
-"""Dashboards and alert rules against a real Prometheus scraping a real daemon.
+"""Dashboards, alert and fleet recording rules against a real Prometheus scraping two real daemons.
 
 Prometheus (Debian's package) runs on loopback with a 1 s scrape and rule
 interval, scraping a daemon that observes real TCG guests: two gang-managed
 ones (so switch, latency and costop series exist) and one whose annotation
-is invalid. Every PromQL expression of every dashboard panel, with Grafana's
-variables filled in, must return data, and every alert rule must evaluate
-without error; the invalid guest's policy-error alert must be pending.
+is invalid; and a second daemon, in ``--dry-run`` (it changes nothing),
+watching the same guests as a second host would. Every PromQL expression of
+every dashboard panel (the fleet one reads the recording rules), with
+Grafana's variables filled in, must return data, and every rule must
+evaluate without error; the invalid guest's policy-error alert must be
+pending.
 """
 from __future__ import annotations
 
@@ -26,16 +29,19 @@ from .conftest import PREFIX
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 DASHBOARDS = sorted((DEPLOY / "grafana" / "dashboards").glob("*.json"))
 RULES = DEPLOY / "prometheus" / "cosched-alerts.yml"
+FLEET = DEPLOY / "prometheus" / "cosched-fleet-rules.yml"
 
 
 class Prometheus:
-    def __init__(self, tmp: Path, target: str):
+    def __init__(self, tmp: Path, targets: list[str]):
         self.port = free_port()
+        fleet = tmp / "cosched-fleet-rules.yml"           # evaluated every second here, not every 30
+        fleet.write_text(FLEET.read_text().replace("interval: 30s", "interval: 1s"))
         config = tmp / "prometheus.yml"
         config.write_text(json.dumps({   # JSON is YAML
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "rule_files": [str(RULES)],
-            "scrape_configs": [{"job_name": "cosched", "static_configs": [{"targets": [target]}]}],
+            "rule_files": [str(RULES), str(fleet)],
+            "scrape_configs": [{"job_name": "cosched", "static_configs": [{"targets": targets}]}],
         }))
         self.log = open(tmp / "prometheus.log", "w")
         self.proc = subprocess.Popen(
@@ -75,6 +81,8 @@ class Prometheus:
 def stack(tmp_path_factory, libvirtd, guest_image):
     tmp = tmp_path_factory.mktemp("prometheus")
     d = DaemonProcess(tmp).start()
+    (tmp / "second").mkdir()
+    second = DaemonProcess(tmp / "second").start("--dry-run")
     started = []
     prom = None
     try:
@@ -86,17 +94,19 @@ def stack(tmp_path_factory, libvirtd, guest_image):
         names = [g.name for g in started]
         d.wait(lambda: all((x := d.domain(n)) and x["managed"] for n in names[:2]), 30, "gang guests managed")
         d.wait(lambda: (x := d.domain(names[2])) and x["error"], 10, "invalid annotation reported")
-        prom = Prometheus(tmp, f"127.0.0.1:{d.port}")
+        second.wait(lambda: all(second.domain(n) for n in names), 30, "the second daemon sees the guests")
+        prom = Prometheus(tmp, [f"127.0.0.1:{d.port}", f"127.0.0.1:{second.port}"])
         prom.wait_ready()
         # enough scrapes for 10 s rate windows, and for rule evaluations
-        d.wait(lambda: (r := prom.query("count_over_time(cosched_build_info[15s])")) and float(r[0]["value"][1]) >= 12,
-               60, "12 scrapes in Prometheus")
+        d.wait(lambda: (r := prom.query("count_over_time(cosched_build_info[15s])")) and len(r) == 2
+               and min(float(x["value"][1]) for x in r) >= 12, 60, "12 scrapes of both daemons in Prometheus")
         yield prom, d, names
     finally:
         if prom:
             prom.stop()
         for g in started:
             g.destroy()
+        assert second.stop() == 0
         assert d.stop() == 0
 
 
@@ -129,7 +139,7 @@ def test_every_dashboard_query_returns_data(stack):
     assert not empty, "queries without data:\n" + "\n".join(empty)
 
 
-def test_every_alert_rule_evaluates_and_the_policy_error_is_pending(stack):
+def test_every_rule_evaluates_and_the_policy_error_is_pending(stack):
     prom, d, names = stack
     deadline = time.monotonic() + 15
     while True:
@@ -138,18 +148,18 @@ def test_every_alert_rule_evaluates_and_the_policy_error_is_pending(stack):
             break
         assert time.monotonic() < deadline, rules
         time.sleep(0.5)
-    assert len(rules) == 11
+    assert len([r for r in rules if r["type"] == "alerting"]) == 11 and len(rules) == 11 + 9
     bad = {r["name"]: (r["health"], r.get("lastError")) for r in rules if r["health"] != "ok"}
     assert not bad, bad
     policy = next(r for r in rules if r["name"] == "CoschedGuestPolicyError")
-    assert [a["labels"]["domain"] for a in policy["alerts"]] == [names[2]]
-    assert policy["alerts"][0]["state"] == "pending"          # for: 5m
+    assert {a["labels"]["domain"] for a in policy["alerts"]} == {names[2]} and len(policy["alerts"]) == 2
+    assert {a["state"] for a in policy["alerts"]} == {"pending"}          # for: 5m
     down = next(r for r in rules if r["name"] == "CoschedDown")
     assert down["alerts"] == []
     # a healthy daemon: its health series exist, with healthy values, and their alerts are quiet
     for name, value in (("cosched_libvirt_connected", "1"), ("cosched_healthy", "1"), ("cosched_preset_errors", "0"),
                         ("cosched_switcher_realtime", "1")):
-        result = prom.get("/api/v1/query", query=name)["data"]["result"]
+        result = prom.get("/api/v1/query", query=f'{name}{{instance="127.0.0.1:{d.port}"}}')["data"]["result"]
         assert [r["value"][1] for r in result] == [value], (name, result)
     for quiet in ("CoschedLibvirtDisconnected", "CoschedUnhealthy", "CoschedPresetErrors", "CoschedSwitcherNotRealtime"):
         assert next(r for r in rules if r["name"] == quiet)["alerts"] == [], quiet
