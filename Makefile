@@ -109,7 +109,7 @@ install: runtime-deps
 	install -m 0644 deploy/grafana/provisioning/datasources/*.yaml $(SHAREDIR)/grafana/provisioning/datasources/
 	for f in deploy/prometheus/*.yml; do \
 	    sed -e 's#/usr/local/share/doc/cosched#$(DOCDIR)#g' $$f > $(SHAREDIR)/prometheus/$$(basename $$f); done
-	install -m 0644 README.md $(DOCDIR)/
+	install -m 0644 README.md docs/fleet.md $(DOCDIR)/
 	if [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
 	@echo "installed; next: edit $(SYSCONFDIR)/cosched.toml, then systemctl enable --now cosched"
 

@@ -37,10 +37,13 @@ def test_install_then_uninstall(tmp_path):
     assert f"ExecStopPost={cosched} reset --config {config}" in text
     r = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True)
     assert r.returncode == 0 and "cosched.service" not in r.stderr, r.stderr
-    assert sorted(p.name for p in (share / "grafana/dashboards").iterdir()) == ["cosched-guest.json", "cosched-host.json"]
+    assert sorted(p.name for p in (share / "grafana/dashboards").iterdir()) == ["cosched-fleet.json", "cosched-guest.json",
+                                                                                    "cosched-host.json"]
     assert f"path: {share}/grafana/dashboards" in (share / "grafana/provisioning/dashboards/cosched.yaml").read_text()
     assert (share / "prometheus/cosched-alerts.yml").exists()
+    assert (share / "prometheus/cosched-fleet-rules.yml").exists()
     assert (root / "usr/local/share/doc/cosched/README.md").exists()
+    assert (root / "usr/local/share/doc/cosched/fleet.md").exists()
     alerts = (share / "prometheus/cosched-alerts.yml").read_text()
     assert f"runbook_url: \"file://{root}/usr/local/share/doc/cosched/README.md#" in alerts
     # only what runs: libvirt's binding is Debian's (nothing compiled), no test or benchmark extras
