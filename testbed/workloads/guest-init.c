@@ -535,10 +535,18 @@ int main(int argc, char **argv) {
     bar.count = opt_threads;
     live_setup();
     if (!strcmp(name, "deadline")) {
-        uint64_t t0 = now_ns();
-        compute(0, 1000000);
-        uint64_t per_ms = 1000000ull * 1000000ull / (now_ns() - t0 + 1);
-        deadline_steps = (long)(per_ms * opt_chunk_ms);
+        /* The fastest of many short trials: a trial the host preempted (other
+         * guests run meanwhile) only reads slower, so every guest arrives at
+         * the same chunk, and chunks of different guests compare. */
+        uint64_t best = UINT64_MAX;
+        for (int trial = 0; trial < 50; trial++) {
+            uint64_t t0 = now_ns();
+            compute(0, 20000);
+            uint64_t took = now_ns() - t0;
+            if (took < best)
+                best = took;
+        }
+        deadline_steps = (long)(20000ull * 1000000ull * (uint64_t)opt_chunk_ms / (best + 1));
     }
     if (!strcmp(name, "lu")) {
         mat = malloc(sizeof(double) * opt_n * opt_n);
