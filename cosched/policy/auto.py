@@ -2,7 +2,7 @@
 
 Every :data:`DECIDE_S` the daemon hands :class:`Chooser` one :class:`Evidence`
 per guest under ``auto``: what its vCPUs did in that window (the sampler's
-run and wait, the engine's co-stop time, the hazard estimate). Two signals,
+run and wait, the engine's co-stop time, the hazard estimate). Three signals,
 each smoothed over about :data:`TAU_S` seconds, decide:
 
 ``contention``
@@ -14,30 +14,39 @@ each smoothed over about :data:`TAU_S` seconds, decide:
     ``idle / (vCPU time not co-stopped)``: how much its vCPUs block or halt
     when they could run. A co-stopped vCPU is not idle, so this does not
     depend on the mode either.
+``spread``
+    the idleness of its most idle vCPU less that of its busiest: near 1 when
+    some vCPUs work while others have nothing to do, near 0 when they idle
+    alike.
 
-A contended guest whose vCPUs never idle (spin barriers, spin locks, LU,
-busy independent threads) gets ``gang`` or ``partial`` (``partial`` where
-the pool has room for more than one such guest at a time): measured on the
-2-CPU development host, the best or within a few percent of it for every
-such workload, 3-40x the host scheduler on the synchronising ones. A
-contended guest whose vCPUs idle gets ``relaxed``: within a few percent of
-the best on a sleeping workload (where ``gang`` loses half to three
-quarters) and close to ``gang`` on a pipe ping-pong, whose vCPUs idle while
-they wait for each other (where ``boost`` kept 12-16% of the ideal against
-``relaxed``'s 67-87%). ``boost`` scores just below ``relaxed``: it is what
-``auto`` picks for idle guests when ``allow`` rules ``relaxed`` out. An
-uncontended guest needs nothing: ``none``. Scores in 0..1, with
-``c = min(contention / CONTENDED, 1)``, ``idle = ramp(idleness, 0.05, 0.20)``
-(0 up to 5% idle, 1 from 20%)::
+A contended guest that idles little or evenly gets ``gang`` or ``partial``
+(``partial`` where the pool has room for more than one such guest at a
+time). That covers the spinning workloads (spin barriers, spin locks, LU,
+busy independent threads: the best or within a few percent of it, 3-40x the
+host scheduler on the synchronising ones) and also vCPUs that idle because
+they wait for each other: a pipe ping-pong idles each vCPU 28-41% of the
+time and ran 1.6x faster under ``gang`` than under ``relaxed`` with two
+guests on two CPUs, 2.3x with four, since under ``relaxed`` every hand-off
+waits for a host CPU. A contended guest whose vCPUs mostly sleep (84-87%
+idle, measured on a guest that computes briefly between sleeps) or whose
+vCPUs idle unevenly (a parallel library leaving one vCPU with nothing to
+do) gets ``relaxed``: ``gang`` would hold a CPU for each idle vCPU (it lost
+half to three quarters on the sleeping guest). ``boost`` scores just below
+``relaxed``: it is what ``auto`` picks for idle guests when ``allow`` rules
+``relaxed`` out. An uncontended guest needs nothing: ``none``. Scores in
+0..1, with ``c = min(contention / CONTENDED, 1)`` and ``idle`` the larger
+of ``ramp(idleness, 0.45, 0.70)`` and ``ramp(spread, 0.30, 0.60)`` (ramp:
+0 up to its first bound, 1 from its second)::
 
     none     1 - c
     gang     c x (1 - idle)       partial the same (see above)
     relaxed  c x (0.5 + 0.5 idle)
     boost    0.8 x relaxed
 
-so gang wins below 10% idleness and relaxed above; where ``allow`` rules
-out gang and partial, a busy guest still gets relaxed (barrier guests:
-20-30% of the ideal against the host scheduler's 2%).
+so gang wins below ``idle`` = 1/3 (idleness under about 53%, spread under
+0.4) and relaxed above; where ``allow`` rules out gang and partial, a busy
+guest still gets relaxed (barrier guests: 20-30% of the ideal against the
+host scheduler's 2%).
 
 Hysteresis: a guest leaves its mode only for one that scores at least
 :data:`MARGIN` higher, on the smoothed signals and on the latest window
@@ -58,6 +67,8 @@ TAU_S = 1.0
 CONTENDED = 0.15
 MARGIN = 0.15
 CONFIRM = 2
+IDLENESS = (0.45, 0.70)     # ramps from "idles like a hand-off" to "mostly sleeps"
+SPREAD = (0.30, 0.60)
 LADDER = ("none", "boost", "relaxed", "gang", "partial")
 
 
@@ -72,6 +83,17 @@ class Evidence:
     wait: float
     costop: float = 0.0
     hazard: float = 0.0
+    spread: float = 0.0     # most idle vCPU's idleness less the busiest's
+
+    @staticmethod
+    def of_vcpus(seconds: float, vcpus: list[tuple[float, float, float]], hazard: float = 0.0) -> "Evidence":
+        """A window from each vCPU's (run, wait, costop) in it."""
+        def idleness(run, wait, held):
+            free = seconds - held
+            return min(max(free - run - wait, 0.0) / free, 1.0) if free > 0 else 0.0
+        each = [idleness(*v) for v in vcpus]
+        return Evidence(seconds, len(vcpus), sum(v[0] for v in vcpus), sum(v[1] for v in vcpus),
+                        sum(v[2] for v in vcpus), hazard, max(each) - min(each) if each else 0.0)
 
     @property
     def idle(self) -> float:
@@ -95,11 +117,11 @@ def _ramp(x: float, lo: float, hi: float) -> float:
     return min(max((x - lo) / (hi - lo), 0.0), 1.0)
 
 
-def scores(contention: float, idleness: float, coschedule: str = "gang") -> dict[str, float]:
+def scores(contention: float, idleness: float, coschedule: str = "gang", spread: float = 0.0) -> dict[str, float]:
     """Each mode's score for these (smoothed) signals; ``coschedule`` names
     the strict mode that fits the host (gang or partial), the other gets 0.9 of it."""
     c = min(contention / CONTENDED, 1.0)
-    idle = _ramp(idleness, 0.05, 0.20)
+    idle = max(_ramp(idleness, *IDLENESS), _ramp(spread, *SPREAD))
     loose = 0.5 + 0.5 * idle
     out = {"none": 1.0 - c, "relaxed": c * loose, "boost": c * loose * BOOST_OF_RELAXED,
            "gang": c * (1.0 - idle), "partial": c * (1.0 - idle)}
@@ -116,6 +138,7 @@ class Choice:
     contention: float | None = None       # smoothed signals
     idleness: float | None = None
     hazard: float | None = None
+    spread: float | None = None
     pending: str | None = None            # a better mode, and for how many decisions
     pending_n: int = 0
     scores: dict[str, float] = field(default_factory=dict)
@@ -141,18 +164,18 @@ class Chooser:
             return ch.mode, None
         a = 1.0 - exp(-ev.seconds / TAU_S)
         for name, value in (("contention", ev.contention), ("idleness", ev.idleness),
-                            ("hazard", ev.hazard / ev.seconds)):
+                            ("hazard", ev.hazard / ev.seconds), ("spread", ev.spread)):
             old = getattr(ch, name)
             setattr(ch, name, value if old is None else old + a * (value - old))
         ch.last = ev
-        ch.scores = scores(ch.contention, ch.idleness, coschedule)
+        ch.scores = scores(ch.contention, ch.idleness, coschedule, ch.spread)
         allowed = [m for m in LADDER if m in allow] or ["none"]
         if ch.mode not in allowed:                         # the bounds changed: obey at once
             best = max(allowed, key=lambda m: ch.scores[m])
             return self._change(ch, best, now, f"{ch.mode} is no longer allowed")
         best = max(allowed, key=lambda m: ch.scores[m])
         gain = ch.scores[best] - ch.scores[ch.mode]
-        raw = scores(ev.contention, ev.idleness, coschedule)
+        raw = scores(ev.contention, ev.idleness, coschedule, ev.spread)
         if best != ch.mode and best != max(allowed, key=lambda m: raw[m]):
             # on the way between two rungs the smoothed signals pass the ones
             # between: move only where the latest window points as well
@@ -173,7 +196,8 @@ class Chooser:
             ch.reason = f"{best} better by {gain:.2f}, but {ch.mode} has held only {now - ch.since:.0f} s of {dwell_s:g}"
             return ch.mode, None
         return self._change(ch, best, now, f"{best} scores {ch.scores[best]:.2f} against {ch.scores[ch.mode]:.2f} "
-                                            f"(contention {ch.contention:.2f}, idleness {ch.idleness:.2f})")
+                                            f"(contention {ch.contention:.2f}, idleness {ch.idleness:.2f}, "
+                                            f"spread {ch.spread:.2f})")
 
     @staticmethod
     def _change(ch: Choice, mode: str, now: float, why: str) -> tuple[str, str]:
@@ -191,10 +215,11 @@ class Chooser:
             "since": ch.since,
             "reason": ch.reason,
             "pending": ch.pending,
-            "signals": {"contention": ch.contention, "idleness": ch.idleness, "hazard_per_second": ch.hazard},
+            "signals": {"contention": ch.contention, "idleness": ch.idleness, "spread": ch.spread,
+                        "hazard_per_second": ch.hazard},
             "last_window": None if last is None else {
                 "seconds": last.seconds, "vcpus": last.vcpus, "run": last.run, "wait": last.wait,
-                "costop": last.costop, "idle": last.idle, "hazard": last.hazard},
+                "costop": last.costop, "idle": last.idle, "spread": last.spread, "hazard": last.hazard},
             "scores": dict(ch.scores),
         }
 
@@ -210,7 +235,8 @@ class Auto:
 
     def __init__(self):
         self.chooser = Chooser()
-        self._totals: dict[str, tuple[float, float, float, float, float]] = {}
+        # per guest: (seconds observed, hazard, {vCPU: (run, wait, costop)}), cumulative
+        self._totals: dict[str, tuple[float, float, dict[int, tuple[float, float, float]]]] = {}
 
     def step(self, now: float, snap, views, costop, pool_cpus: int) -> list[tuple[str, str, str, str]]:
         """One decision for every auto guest; the changes as (name, old, new, why)."""
@@ -223,16 +249,18 @@ class Auto:
             v = views.get(d.uuid)
             if v is None or not v.vcpus:
                 continue
-            totals = (v.observed, sum(x.run for x in v.vcpus), sum(x.wait for x in v.vcpus),
-                      sum(costop.get((d.uuid, x.index), 0.0) for x in v.vcpus), v.hazard)
+            totals = (v.observed, v.hazard,
+                      {x.index: (x.run, x.wait, costop.get((d.uuid, x.index), 0.0)) for x in v.vcpus})
             before, self._totals[d.uuid] = self._totals.get(d.uuid), totals
             if before is None:
                 continue
-            seconds, run, wait, held, hazard = (max(a - b, 0.0) for a, b in zip(totals, before))
+            seconds, hazard = max(totals[0] - before[0], 0.0), max(totals[1] - before[1], 0.0)
+            window = [tuple(max(a - b, 0.0) for a, b in zip(now_, before[2][i]))
+                      for i, now_ in totals[2].items() if i in before[2]]     # a vCPU plugged meanwhile waits
             params = dict(d.policy.params)
             old = self.mode(d.uuid)
             coschedule = "partial" if pool_cpus >= 2 * len(d.vcpus) else "gang"
-            mode, why = self.chooser.decide(d.uuid, now, Evidence(seconds, len(v.vcpus), run, wait, held, hazard),
+            mode, why = self.chooser.decide(d.uuid, now, Evidence.of_vcpus(seconds, window, hazard),
                                             params["allow"], params["dwell-s"], coschedule)
             if why is not None:
                 changes.append((d.name, old, mode, why))
