@@ -25,9 +25,9 @@ time). That covers the spinning workloads (spin barriers, spin locks, LU,
 busy independent threads: the best or within a few percent of it, 3-40x the
 host scheduler on the synchronising ones) and also vCPUs that idle because
 they wait for each other: a pipe ping-pong idles each vCPU 28-41% of the
-time and ran 1.6x faster under ``gang`` than under ``relaxed`` with two
-guests on two CPUs, 2.3x with four, since under ``relaxed`` every hand-off
-waits for a host CPU. A contended guest whose vCPUs mostly sleep (84-87%
+time and ran 1.5x faster under ``gang`` than under ``relaxed`` with two
+guests on two CPUs, 2.6x with four (``benchmarks/latest``), since under
+``relaxed`` every hand-off waits for a host CPU. A contended guest whose vCPUs mostly sleep (84-87%
 idle, measured on a guest that computes briefly between sleeps) or whose
 vCPUs idle unevenly (a parallel library leaving one vCPU with nothing to
 do) gets ``relaxed``: ``gang`` would hold a CPU for each idle vCPU (it lost
@@ -45,8 +45,8 @@ of ``ramp(idleness, 0.45, 0.70)`` and ``ramp(spread, 0.30, 0.60)`` (ramp:
 
 so gang wins below ``idle`` = 1/3 (idleness under about 53%, spread under
 0.4) and relaxed above; where ``allow`` rules out gang and partial, a busy
-guest still gets relaxed (barrier guests: 20-30% of the ideal against the
-host scheduler's 2%).
+guest still gets relaxed (barrier guests: 12-31% of the ideal against the
+host scheduler's 3-6%).
 
 Hysteresis: a guest leaves its mode only for one that scores at least
 :data:`MARGIN` higher, on the smoothed signals and on the latest window
