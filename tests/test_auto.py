@@ -175,3 +175,11 @@ def test_auto_measures_each_vcpu_so_a_lopsided_guest_is_not_ganged():
     explained = auto.chooser.explain("u")
     assert explained["mode"] == "relaxed" and explained["last_window"]["spread"] == pytest.approx(1.0)
     assert explained["signals"]["idleness"] == pytest.approx(0.5)
+
+
+def test_explain_prints_every_signal_and_the_scores():
+    from cosched.cli import render_explain
+    ch, _ = run(lambda t: lopsided(), 12)
+    text = render_explain({"domain": "g", "allow": list(ALL), **ch.explain("g")})
+    assert "mode relaxed" in text and "spread 1.00" in text and "idleness 0.50" in text
+    assert "relaxed 1.00 *" in text and "gang 0.00" in text
