@@ -14,6 +14,7 @@ from testbed import guests, image, services
 from testbed.daemon import DaemonProcess  # noqa: F401  (tests import it from here)
 
 PREFIX = "cosched-it-"
+LEFTOVERS = ("cosched-bench-", "cosched-demo-")     # the project's other test guests (benchmarks, make demo)
 
 
 def pytest_collection_modifyitems(items):
@@ -29,6 +30,8 @@ def libvirtd():
         pytest.fail("integration tests need root (run `make test` as root)")
     services.ensure()
     guests.destroy_all(PREFIX)
+    for leftover in LEFTOVERS:      # busy guests of an interrupted benchmark or demo would skew every test
+        guests.destroy_all(leftover)
     yield
     guests.destroy_all(PREFIX)
 
