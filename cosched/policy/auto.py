@@ -27,9 +27,9 @@ host scheduler on the synchronising ones) and also vCPUs that idle because
 they wait for each other: a pipe ping-pong idles each vCPU 28-41% of the
 time and ran 1.5x faster under ``gang`` than under ``relaxed`` with two
 guests on two CPUs, 2.6x with four (``benchmarks/latest``), since under
-``relaxed`` every hand-off waits for a host CPU. A contended guest whose vCPUs mostly sleep (84-87%
-idle, measured on a guest that computes briefly between sleeps) or whose
-vCPUs idle unevenly (a parallel library leaving one vCPU with nothing to
+``relaxed`` every hand-off waits for a host CPU. A contended guest whose
+vCPUs mostly sleep (84-87% idle, measured on a guest that computes briefly
+between sleeps) or whose vCPUs idle unevenly (a parallel library leaving one vCPU with nothing to
 do) gets ``relaxed``: ``gang`` would hold a CPU for each idle vCPU (it lost
 half to three quarters on the sleeping guest). ``boost`` scores just below
 ``relaxed``: it is what ``auto`` picks for idle guests when ``allow`` rules
@@ -88,10 +88,7 @@ class Evidence:
     @staticmethod
     def of_vcpus(seconds: float, vcpus: list[tuple[float, float, float]], hazard: float = 0.0) -> "Evidence":
         """A window from each vCPU's (run, wait, costop) in it."""
-        def idleness(run, wait, held):
-            free = seconds - held
-            return min(max(free - run - wait, 0.0) / free, 1.0) if free > 0 else 0.0
-        each = [idleness(*v) for v in vcpus]
+        each = [Evidence(seconds, 1, *v).idleness for v in vcpus]
         return Evidence(seconds, len(vcpus), sum(v[0] for v in vcpus), sum(v[1] for v in vcpus),
                         sum(v[2] for v in vcpus), hazard, max(each) - min(each) if each else 0.0)
 

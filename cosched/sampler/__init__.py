@@ -2,7 +2,7 @@
 per-vCPU run/wait and per-domain hazard, partial contention and skew.
 
 Its cost grows with the vCPUs it reads (two ``pread`` and some arithmetic
-each, about 15-30 µs per vCPU and pass on the development host), so it keeps
+each, about 15 µs per vCPU and pass on the development host), so it keeps
 within a CPU budget (``sample_budget_pct`` of one CPU): when a pass costs more
 than the budget allows at ``sample_interval_ms``, the period stretches to
 ``pass cost / budget`` (an average over recent passes), and every window
