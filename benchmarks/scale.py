@@ -32,7 +32,8 @@ guests larger than this host's 2 CPUs, nor 16 cells on it, so the plan is
 the one it makes on a host big enough; the switcher does not look at CPUs.
 Figures: switch latency (first freeze write until every incoming vCPU is
 thawed) p50/p99 and slot lateness p99, from the switcher's exact
-nanosecond samples.
+nanosecond samples, and the kernel's part of it at the largest size: one
+``cgroup.freeze`` write and one thaw write, timed alone.
 
 **Real guests** (``--libvirt-guests``, 0 to skip): that many tiny TCG
 guests, each paused once booted, and a daemon started on them: the time
@@ -171,6 +172,34 @@ def run_switcher(cells: list[tuple[str, list[synthetic.SyntheticGuest]]], second
             "lateness_p99_ms": q(lateness, 0.99)}
 
 
+def write_cost(gs: list[synthetic.SyntheticGuest], rounds: int = 100) -> dict:
+    """The kernel's part of a slot change: ``cgroup.freeze`` writes through the
+    switcher's own :class:`~cosched.actuators.freezer.Freezer`, timed apart
+    from everything else. Each round freezes every vCPU cgroup of the guests,
+    waits until they say frozen (untimed), and thaws them; the figures are
+    the median time of one freeze write and of one thaw write."""
+    from cosched.actuators.freezer import Freezer
+    from cosched.hostfs import HostFS
+    v2 = synthetic.cgroup_mounts()[0]
+    files = [f"{v2}{synthetic.guest_cgroup(g.layout, g.vmid, g.name)}/vcpu{i}/cgroup.freeze" for g in gs for i in g.tids]
+    freezer, per = Freezer(HostFS("/")), {True: [], False: []}
+    try:
+        for _ in range(rounds):
+            for frozen in (True, False):
+                t0 = time.perf_counter_ns()
+                for f in files:
+                    freezer.set(f, frozen)
+                per[frozen].append((time.perf_counter_ns() - t0) / len(files))
+                if frozen:
+                    freezer.wait(files, True)
+    finally:
+        for f in files:
+            freezer.set(f, False)
+        freezer.close()
+    return {"cgroups": len(files), "freeze_write_us": statistics.median(per[True]) / 1e3,
+            "thaw_write_us": statistics.median(per[False]) / 1e3}
+
+
 def switching(sizes: list[int], cells: int, seconds: float, work: Path) -> dict:
     out = {"sizes": [], "cells": None}
     for workload in ("sleep", "spin"):
@@ -182,6 +211,8 @@ def switching(sizes: list[int], cells: int, seconds: float, work: Path) -> dict:
                                               vmid=20000 + 100 * k + n, workdir=work))
                 out["sizes"].append({"vcpus_per_guest": k, "workload": workload,
                                      **run_switcher([("gang", gs)], seconds)})
+                if workload == "sleep" and k == max(sizes):
+                    out["writes"] = write_cost(gs)
             finally:
                 synthetic.destroy_all(gs)
     if cells:
@@ -264,6 +295,13 @@ def summary(res: dict) -> str:
         for s in sw["sizes"]:
             lines.append(f"| {s['vcpus_per_guest']} | {s.get('workload', 'spin')} | {s['switches']} | "
                          f"{s['latency_p50_ms']:.2f} | {s['latency_p99_ms']:.2f} | {s['lateness_p99_ms']:.2f} |")
+    if sw.get("writes"):
+        w = sw["writes"]
+        lines += ["", f"The kernel's part, timed alone on the {w['cgroups']} vCPU cgroups of the largest pair "
+                      f"(threads asleep; median of 100 rounds): a freeze write {w['freeze_write_us']:.1f} µs, a thaw "
+                      f"write {w['thaw_write_us']:.1f} µs per cgroup, so one guest of "
+                      f"{w['cgroups'] // 2} vCPUs costs {w['cgroups'] // 2 * (w['freeze_write_us'] + w['thaw_write_us']) / 1e3:.2f} "
+                      "ms of writes per slot change before any waiting."]
     if sw.get("cells"):
         c = sw["cells"]
         lines += ["", f"{c['cells']} cells of two 2-vCPU guests each (threads asleep): {c['switches']} switches, latency p50 "

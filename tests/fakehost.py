@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from cosched.hostfs import HostFS
+
 HYBRID_MOUNTINFO = """\
 31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
 32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
@@ -12,6 +14,46 @@ HYBRID_MOUNTINFO = """\
 41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
 """
 UNIFIED_MOUNTINFO = "30 23 0:27 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:9 - cgroup2 cgroup2 rw\n"
+
+
+class CgroupEventsFS(HostFS):
+    """A host tree whose ``cgroup.events`` follows ``cgroup.freeze`` as the
+    kernel's does, except in ``stuck`` cgroups, which never report frozen.
+    Every write is recorded in ``writes``, and files the switcher keeps open
+    are read and written through ``read``/``write``, so a subclass that
+    changes those sees every access."""
+
+    def __init__(self, root, stuck=()):
+        super().__init__(root)
+        self.stuck = set(stuck)
+        self.writes: list[tuple[str, str]] = []
+
+    def write(self, host_path, data):
+        self.writes.append((host_path, data))
+        super().write(host_path, data)
+        if host_path.endswith("/cgroup.freeze"):
+            cg = host_path.rsplit("/", 1)[0]
+            frozen = data == "1" and cg not in self.stuck
+            super().write(cg + "/cgroup.events", f"populated 1\nfrozen {int(frozen)}\n")
+
+    def open_file(self, host_path, write=False):
+        return PathFile(self, host_path)
+
+
+class PathFile:
+    """An ``OpenFile`` that goes through its HostFS by path on every access."""
+
+    def __init__(self, fs: HostFS, host_path: str):
+        self.fs, self.host_path = fs, host_path
+
+    def read(self) -> str:
+        return self.fs.read(self.host_path)
+
+    def write(self, data: str) -> None:
+        self.fs.write(self.host_path, data)
+
+    def close(self) -> None:
+        pass
 
 
 class FakeHost:

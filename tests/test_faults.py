@@ -22,7 +22,7 @@ import os
 import time
 
 import pytest
-from fakehost import FakeSched, ThreadSwitcher
+from fakehost import CgroupEventsFS, FakeSched, ThreadSwitcher
 from test_engine import GANG, UUIDS, FakePinner, freeze_file, snapshot
 from test_switcher import CPU, Clock, gang, member, tree
 
@@ -31,7 +31,6 @@ from cosched.actuators.journal import Journal
 from cosched.actuators.sched import SchedAttr
 from cosched.engine import Engine
 from cosched.engine.switcher import Switcher
-from cosched.hostfs import HostFS
 
 FAULTS = {"EBUSY": errno.EBUSY, "ENOENT": errno.ENOENT, "EPERM": errno.EPERM, "EINVAL": errno.EINVAL,
           "ignored": None}
@@ -60,9 +59,9 @@ class Fault:
         self.active = False
 
 
-class FaultFS(HostFS):
-    """A fake cgroup tree whose ``cgroup.events`` follows ``cgroup.freeze`` as
-    the kernel's does, with the fault applied to freezer and RT runtime writes."""
+class FaultFS(CgroupEventsFS):
+    """A fake cgroup tree (``cgroup.events`` follows ``cgroup.freeze``) with
+    the fault applied to freezer and RT runtime writes."""
 
     def __init__(self, root, fault: Fault):
         super().__init__(root)
@@ -71,11 +70,8 @@ class FaultFS(HostFS):
     def write(self, host_path, data):
         knob = "freeze" if host_path.endswith("/cgroup.freeze") else \
             "rt" if host_path.endswith("/cpu.rt_runtime_us") else None
-        if knob and self.fault.hit(knob):
-            return
-        super().write(host_path, data)
-        if knob == "freeze":
-            super().write(host_path.rsplit("/", 1)[0] + "/cgroup.events", f"populated 1\nfrozen {data}\n")
+        if not (knob and self.fault.hit(knob)):
+            super().write(host_path, data)
 
 
 class FaultSched(FakeSched):

@@ -175,19 +175,16 @@ class CgroupFS:
     ``cgroup.freeze``, and a cgroup's directory goes with its control files."""
 
     def __new__(cls, fake):
-        from cosched.hostfs import HostFS
+        from fakehost import CgroupEventsFS
 
-        class FS(HostFS):
+        class FS(CgroupEventsFS):
             def write(self, host_path, data):
                 super().write(host_path, data)
-                cg = host_path.rsplit("/", 1)[0]
                 if host_path.endswith("/cgroup.threads"):
-                    rel = cg[len(fake.cg2):] or "/"
+                    rel = host_path.rsplit("/", 1)[0][len(fake.cg2):] or "/"
                     for p in (self.root / "proc").glob(f"*/task/{data}/cgroup"):
                         p.write_text(f"0::{rel}\n")
                     (self.root / f"proc/{data}/cgroup").write_text(f"0::{rel}\n")
-                elif host_path.endswith("/cgroup.freeze"):
-                    super().write(cg + "/cgroup.events", f"populated 1\nfrozen {data}\n")
 
             def mkdir(self, host_path):
                 super().mkdir(host_path)

@@ -2,33 +2,15 @@
 import errno
 from dataclasses import replace
 
-from fakehost import FakeSched
+from fakehost import CgroupEventsFS as FreezerFS, FakeSched
 
 from cosched.actuators.sched import SchedAttr
 from cosched.engine import protocol as pr
 from cosched.engine.switcher import WATCH_POLL_NS as POLL, Switcher
-from cosched.hostfs import HostFS
 
 CG2 = "/sys/fs/cgroup/unified"
 CPU = "/sys/fs/cgroup/cpu"
 MS = 1_000_000
-
-
-class FreezerFS(HostFS):
-    """A fake cgroup tree whose cgroup.events follows cgroup.freeze, like the kernel's."""
-
-    def __init__(self, root, stuck=()):
-        super().__init__(root)
-        self.stuck = set(stuck)          # cgroups that never report frozen
-        self.writes = []
-
-    def write(self, host_path, data):
-        self.writes.append((host_path, data))
-        super().write(host_path, data)
-        if host_path.endswith("/cgroup.freeze"):
-            cg = host_path.rsplit("/", 1)[0]
-            frozen = data == "1" and cg not in self.stuck
-            super().write(cg + "/cgroup.events", f"populated 1\nfrozen {int(frozen)}\n")
 
 
 class Clock:

@@ -27,7 +27,8 @@ a plan was inconsistent) is force-thawed and counted.
 
 Watched guests (``boost``, ``relaxed``) are polled every ``WATCH_POLL_NS`` (0.5 ms):
 each vCPU thread's state and host CPU (``/proc/TID/stat``) and run time and
-switch-ins (``/proc/TID/schedstat``), read through descriptors kept open;
+switch-ins (``/proc/TID/schedstat``), read through descriptors kept open
+(as are the cgroups' ``cgroup.freeze`` and ``cgroup.events``);
 the rules of :mod:`cosched.policy.watch` say whom to boost, co-stop or
 co-start. A watched boost is SCHED_DEADLINE (see :func:`boost_attr`).
 """
@@ -43,7 +44,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from cosched.actuators.freezer import set_frozen, wait_frozen
+from cosched.actuators.freezer import Freezer
 from cosched.actuators.journal import GONE
 from cosched.actuators.rt_runtime import RtGrants
 from cosched.actuators.sched import SchedAttr, SchedKnob
@@ -169,6 +170,7 @@ class Switcher:
         self.vstate: dict[tuple, VState] = {}
         self.vinfo: dict[tuple, tuple[str, pr.VcpuPlan]] = {}       # key -> (domain name, vCPU plan)
         self.rt = RtGrants(fs, self._error)
+        self.freezer = Freezer(fs)
         self.counters = Counters()
         self._reported: set[str] = set()
         self.watched: dict[str, Watched] = {}      # uuid -> watch
@@ -189,7 +191,7 @@ class Switcher:
         if st.frozen == frozen or not v.freeze:
             return
         try:
-            set_frozen(self.fs, v.freeze, frozen)
+            self.freezer.set(v.freeze, frozen)
         except OSError as e:
             if e.errno not in GONE:
                 self._error(f"domain={name} vcpu={v.index} freeze={frozen}: {os.strerror(e.errno)}")
@@ -265,7 +267,7 @@ class Switcher:
         self.rt.release([p for k in keys for p in self.vinfo[k][1].rt_chain[1:]])   # the top stays
         for k in keys:
             self.vstate.pop(k, None)
-            self.vinfo.pop(k, None)
+            self.freezer.forget(self.vinfo.pop(k)[1].freeze)
 
     # -- watched guests (boost, relaxed) ----------------------------------
     def _watch(self, cell: pr.CellPlan, m: pr.MemberPlan) -> Watched:
@@ -445,7 +447,7 @@ class Switcher:
                 self._freeze(k, True, t0)
             files = [self.vinfo[k][1].freeze for k in outgoing if self.vstate[k].frozen]
             t_written = self.clock()
-            late = wait_frozen(self.fs, files, True)
+            late = self.freezer.wait(files, True)
             t_waited = self.clock()
             if t_waited - t0 > 5_000_000:
                 log.warning("cell=%s action=slow-freeze write_ms=%.2f wait_ms=%.2f", cell.id,
@@ -506,6 +508,7 @@ class Switcher:
             self._unwatch(w, now)
         self._release(list(self.vinfo), now)
         self.rt.release_all()
+        self.freezer.close()
         self.cells, self.watched, self.next_poll = {}, {}, None
 
     def take_stats(self, released: bool = False) -> pr.Stats:
