@@ -11,7 +11,8 @@ measured on this host and reported with its command:
 **Observation** (``--vcpus``): for each total, that many vCPU threads in
 guests of ``--per-guest`` vCPUs (their threads mostly asleep, as most vCPUs
 are), watched by a real daemon (``sources = ["processes"]``, every guest
-under ``none``) for ``--seconds``. Figures: the daemon's CPU time (with its
+under ``none``) for ``--seconds``, from 30 s after it showed every vCPU
+(once its averages have settled). Figures: the daemon's CPU time (with its
 children) in percent of one CPU; that over the samples taken and the vCPUs,
 the cost of one vCPU-sample in microseconds; late samples; the last resync's
 duration; one ``/metrics`` scrape (median of 5) and its size; the daemon's
@@ -65,6 +66,7 @@ from testbed import guests, image, services, synthetic
 from testbed.daemon import DaemonProcess
 
 PREFIX = "cosched-scale-"
+WARMUP_S = 30.0           # the sampler averages the rest of the daemon's CPU over 30 s
 SLEEP_MS = 50             # an idle vCPU's wake-ups: a 20 Hz tick (a thousand at 1 ms would swamp 2 CPUs)
 TARGETS = {"cpu_256": 2.0, "cpu_1024": 5.0, "switch_p99_64_ms": 1.0, "scrape_1024_ms": 100.0}
 
@@ -112,7 +114,7 @@ def observation(total: int, per_guest: int, seconds: float, work: Path, budget: 
         try:
             daemon.wait(lambda: sum(len(d["vcpus"]) for d in daemon.status()["domains"]) == vcpus, 60,
                         f"{vcpus} vCPUs observed")
-            time.sleep(2.0)                                   # past start-up
+            time.sleep(WARMUP_S)                              # past start-up: the daemon's averages settled
             s0, c0, t0 = daemon.status()["daemon"], _daemon_cpu(daemon.proc.pid), time.monotonic()
             time.sleep(seconds)
             s1, c1, t1 = daemon.status()["daemon"], _daemon_cpu(daemon.proc.pid), time.monotonic()

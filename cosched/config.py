@@ -15,9 +15,10 @@ re-reads it (see :meth:`cosched.daemon.Daemon.reload`); ``connect``,
 ``sample_interval_ms`` (integer 1-1000, default 10)
     how often every vCPU's schedstat is read; also the skew window.
 ``sample_budget_pct`` (number 0.1-100, default 2)
-    the most CPU sampling may take, in percent of one CPU: on a host with
-    many vCPUs the sampling period stretches beyond ``sample_interval_ms``
-    to stay within it (see :mod:`cosched.sampler`).
+    the most CPU the daemon's observation may take, in percent of one CPU
+    (sampling, and what the rest of the daemon uses, which comes off first,
+    down to half): on a host with many vCPUs the sampling period stretches
+    beyond ``sample_interval_ms`` to stay within it (see :mod:`cosched.sampler`).
 ``resync_interval_s`` (number 0.2-300, default 5)
     full rediscovery even without libvirt events.
 ``presets_dirs`` (list of strings, default ``["/etc/cosched/policies.d"]``)

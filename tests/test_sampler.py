@@ -196,3 +196,17 @@ def test_sampling_stretches_its_period_to_stay_within_its_cpu_budget(fs):
     for _ in range(60):
         period = s.stretch(0.0001)
     assert period == pytest.approx(0.010)                     # back once passes are cheap again
+
+
+def test_the_rest_of_the_daemon_comes_off_the_budget_down_to_half_of_it(fs):
+    from cosched.sampler import Sampler
+    s = Sampler(fs, 0.010, lambda: None, budget=0.02)
+    for _ in range(60):                                       # 30 min of passes: the averages settled
+        period = s.stretch(0.004, rest=0.005, elapsed=30.0)   # resyncs and scrapes take 0.5% of a CPU
+    assert period == pytest.approx(0.004 / 0.015, rel=0.01)   # sampling 1.5% + the rest 0.5% = 2%
+    for _ in range(60):
+        period = s.stretch(0.004, rest=0.05, elapsed=30.0)    # the rest alone over budget
+    assert period == pytest.approx(0.004 / 0.01, rel=0.01)    # sampling keeps half: 1%
+    for _ in range(60):
+        period = s.stretch(0.004, rest=0.0, elapsed=30.0)
+    assert period == pytest.approx(0.2, rel=0.01)

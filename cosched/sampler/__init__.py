@@ -2,10 +2,13 @@
 per-vCPU run/wait and per-domain hazard, partial contention and skew.
 
 Its cost grows with the vCPUs it reads (two ``pread`` and some arithmetic
-each, about 15 µs per vCPU and pass on the development host), so it keeps
-within a CPU budget (``sample_budget_pct`` of one CPU): when a pass costs more
-than the budget allows at ``sample_interval_ms``, the period stretches to
-``pass cost / budget`` (an average over recent passes), and every window
+each, about 15 µs per vCPU and pass on the development host), so the daemon
+keeps its observation within a CPU budget (``sample_budget_pct`` of one
+CPU): the rest of the daemon (resyncs, the main loop, ``/metrics`` scrapes;
+not the switcher process) is measured and comes off the budget first, down
+to half of it, and when a pass costs more than what is left allows at
+``sample_interval_ms``, the period stretches to ``pass cost / what is left``
+(averages over recent passes and the last half minute), and every window
 with it. Totals stay exact; windows, and so skew and hazard's resolution,
 get coarser. The period in force is :attr:`Sampler.period`.
 
@@ -20,6 +23,7 @@ discovery for a resync.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -35,6 +39,7 @@ from cosched.sampler.estimate import VcpuCarry, Window, estimate, place
 log = logging.getLogger("cosched.sampler")
 
 SKEW_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
+REST_AVERAGE_S = 30.0     # the rest of the daemon is bursty (a resync every few seconds): averaged over this long
 
 
 @dataclass
@@ -105,9 +110,11 @@ class Sampler:
                  costop: Callable[[], dict[tuple[str, int], float]] = dict, budget: float = 0.02):
         self.fs = fs
         self.interval = interval
-        self.budget = budget        # fraction of one CPU the sampling may take
+        self.budget = budget        # fraction of one CPU the daemon's observation may take
         self.period = interval      # the period in force (stretched to stay within the budget)
         self._cost: float | None = None   # recent CPU seconds per pass
+        self.rest = 0.0             # recent CPU of the daemon's other threads, fraction of one CPU
+        self.opened = 0             # vCPU threads whose descriptors were opened (a pass that opens is no guide to cost)
         self._logged = interval
         self.snapshot = snapshot
         self.on_vanished = on_vanished
@@ -126,6 +133,7 @@ class Sampler:
             run, wait = read_schedstat(fd)
         except (FileNotFoundError, ProcessLookupError, OSError):
             return None
+        self.opened += 1
         try:
             stat_fd = self.fs.open_fd(f"/proc/{pid}/task/{tid}/stat")
         except OSError:
@@ -212,26 +220,42 @@ class Sampler:
             log.info("action=vcpu-vanished resync=requested")
             self.on_vanished()
 
-    def stretch(self, cost: float) -> float:
-        """Take one pass's CPU seconds; return the period that keeps sampling within the budget."""
-        self._cost = cost if self._cost is None else self._cost + 0.1 * (cost - self._cost)
-        self.period = max(self.interval, self._cost / self.budget)
+    def stretch(self, cost: float | None, rest: float | None = None, elapsed: float = 0.0) -> float:
+        """Take one pass's CPU seconds (None: not a guide) and the CPU fraction
+        the daemon's other threads used over the last ``elapsed`` seconds;
+        return the period that keeps the daemon within the budget."""
+        if cost is not None:
+            self._cost = cost if self._cost is None else self._cost + 0.1 * (cost - self._cost)
+        if rest is not None and elapsed > 0:      # over the last REST_AVERAGE_S
+            self.rest += (1 - math.exp(-elapsed / REST_AVERAGE_S)) * (rest - self.rest)
+        share = max(self.budget - self.rest, self.budget / 2)
+        self.period = max(self.interval, (self._cost or 0.0) / share)
         if abs(self.period - self._logged) > 0.2 * self._logged:        # state changes only
-            log.info("action=sample-period period_ms=%.0f interval_ms=%.0f pass_ms=%.2f budget_pct=%g",
-                     1000 * self.period, 1000 * self.interval, 1000 * self._cost, 100 * self.budget)
+            log.info("action=sample-period period_ms=%.0f interval_ms=%.0f pass_ms=%.2f budget_pct=%g rest_pct=%.2f",
+                     1000 * self.period, 1000 * self.interval, 1000 * (self._cost or 0.0), 100 * self.budget,
+                     100 * self.rest)
             self._logged = self.period
         return self.period
 
     def run(self, stop: threading.Event) -> None:
         """Sample every ``period`` on an absolute schedule until ``stop``."""
         deadline = time.monotonic_ns()
+        last = None              # (this thread's CPU, wall, the process's CPU) when the last pass ended
         while not stop.is_set():
-            spent = time.thread_time()
+            opened = self.opened
             try:
                 self.step()
             except Exception:  # never let one bad sample end sampling
                 log.exception("action=sample-failed")
-            period = int(self.stretch(time.thread_time() - spent) * 1e9)   # a reload may change the interval
+            ended = (time.thread_time(), time.monotonic(), time.process_time())
+            cost = rest = None
+            elapsed = ended[1] - last[1] if last else 0.0
+            if last and elapsed > 0:    # since the last pass ended: this thread (its wake-up and this pass), the others
+                own = ended[0] - last[0]
+                cost = own if self.opened == opened else None
+                rest = max(ended[2] - last[2] - own, 0.0) / elapsed
+            last = ended
+            period = int(self.stretch(cost, rest, elapsed) * 1e9)   # a reload may change the interval
             deadline += period
             now = time.monotonic_ns()
             if now > deadline:
