@@ -178,3 +178,33 @@ def test_a_dead_switcher_is_undone_and_replaced_at_once(fake, fs, tmp_path):
         assert sorted(freeze_file(fake, i, 0).read_text() for i in range(2)) == ["0", "1"]
     finally:
         assert engine.release() == []
+
+
+def test_a_silent_switcher_is_killed_and_what_it_froze_is_thawed(fake, fs, tmp_path):
+    """A switcher that stops answering (stopped, starved, stuck in the kernel)
+    with guests frozen: the engine's watchdog kills it, the vCPUs it left
+    frozen are thawed and counted as forced thaws, and a new one is asked for."""
+    import threading
+    from cosched.engine import stall_limit
+    asked, released = threading.Event(), threading.Event()
+    journal = Journal(str(tmp_path / "run/journal"))
+    knob = FakeSched().knob(fs)
+    engine = Engine(fs, journal, FakePinner(), sched=knob, switcher_factory=ThreadSwitcher.factory(fs, knob),
+                    resync=asked.set, max_stall_ms=400)
+    try:
+        engine.reconcile(snapshot(fake, fs, 2))
+        time.sleep(1.0)                                   # one that dies at once is not restarted in a loop
+        first = engine._proc
+        first.switcher.release_all = lambda: None         # killed: it cleans nothing up itself
+        first.switcher.tick = lambda: released.wait()     # stuck: no slot changes, no reports
+        kill = first.kill
+        first.kill = lambda: (released.set(), kill())
+        frozen = [(i, v) for i in range(2) for v in range(2) if freeze_file(fake, i, v).read_text() == "1"]
+        assert len(frozen) == 2, frozen                   # one guest's two vCPUs
+        assert asked.wait(stall_limit(400) + 5), "the stalled switcher was not replaced"
+        assert released.is_set(), "the stalled switcher was not killed"
+        assert all(freeze_file(fake, i, v).read_text() == "0" for i in range(2) for v in range(2))
+        stats = engine.stats()
+        assert stats.forced_thaws == 2 and any("silent" in e for e in stats.errors), stats
+    finally:
+        assert engine.release() == []

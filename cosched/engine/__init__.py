@@ -13,7 +13,11 @@ daemon's discovery thread calls :meth:`Engine.reconcile`:
 The switcher reports switches, switch latency, slot lateness, costop time,
 co-stops and boosts per vCPU, forced thaws and errors; they become metrics and status. If the switcher dies,
 the engine restores what it may have left (thread policies, cgroup files),
-and starts a new one at the next reconcile. On shutdown the switcher releases
+and starts a new one at the next reconcile. A switcher that has guests to
+switch or watch but stays silent (stopped, starved of CPU, stuck in the
+kernel) for :func:`stall_limit` is killed by the engine's watchdog, and the
+same restore thaws what it froze, well within ``max_stall_ms``; the vCPUs
+it left frozen are counted as forced thaws. On shutdown the switcher releases
 everything, then the journal is replayed in full.
 """
 from __future__ import annotations
@@ -64,6 +68,13 @@ class EngineStats:
     realtime: bool | None = None
 
 
+def stall_limit(max_stall_ms: int) -> float:
+    """Seconds of silence after which a busy switcher is taken for stalled:
+    half of ``max_stall_ms`` (a busy switcher reports every 0.1 s), at least
+    0.3 s, so that the vCPUs it froze are thawed by ``max_stall_ms``."""
+    return max(max_stall_ms / 2000, 3 * pr.STATS_EVERY_S)
+
+
 def spawn_switcher(env: dict) -> subprocess.Popen:
     """The real switcher: its own process (see :mod:`cosched.engine.switcher`)."""
     return subprocess.Popen([sys.executable, "-m", "cosched.engine.switcher"], stdin=subprocess.PIPE,
@@ -111,6 +122,7 @@ class Engine:
         self._applied = -1
         self._ready = False
         self._acks = threading.Condition()
+        self._heard = 0.0                     # monotonic time of the switcher's last message
 
     def stats(self) -> EngineStats:
         """A private copy of the switcher's accumulated figures, safe to read without a lock."""
@@ -369,8 +381,9 @@ class Engine:
                 log.error("action=switcher-write-failed error=%r", str(e))
                 return False
             self._sent = body
-            with self._acks:
-                return self._acks.wait_for(lambda: self._applied >= self._seq, timeout)
+            proc = self._proc
+            with self._acks:                  # a switcher that died will never confirm
+                return self._acks.wait_for(lambda: self._applied >= self._seq or proc.poll() is not None, timeout)
         return True
 
     def _start_switcher(self, timeout: float = 10.0) -> bool:
@@ -379,8 +392,9 @@ class Engine:
                    COSCHED_HOST_ROOT=str(self.fs.root))
         self._ready = False
         self._proc = self.switcher_factory(env)
-        self._proc.started_at = time.monotonic()
+        self._proc.started_at = self._heard = time.monotonic()
         threading.Thread(target=self._read_switcher, args=(self._proc,), name="switcher-stats", daemon=True).start()
+        threading.Thread(target=self._watch_switcher, args=(self._proc,), name="switcher-watchdog", daemon=True).start()
         with self._acks:
             ready = self._acks.wait_for(lambda: self._ready, timeout)
         log.info("action=switcher-started pid=%s ready=%s realtime=%s", self._proc.pid, ready, self._stats.realtime)
@@ -388,6 +402,7 @@ class Engine:
 
     def _read_switcher(self, proc) -> None:
         for line in proc.stdout:
+            self._heard = time.monotonic()
             try:
                 msg = pr.decode(line)
             except ValueError as e:
@@ -405,6 +420,8 @@ class Engine:
             elif isinstance(msg, pr.Stats):
                 self._account(msg)
         code = proc.wait()
+        with self._acks:
+            self._acks.notify_all()
         if getattr(proc, "stopping", False):
             return
         lived = time.monotonic() - getattr(proc, "started_at", 0.0)
@@ -421,6 +438,26 @@ class Engine:
             self._restore(kinds=("sched", "freeze", "rt", "pin", "affinity"))
         if lived >= 1.0:                     # one that dies at once is not restarted in a loop
             self.resync()
+
+    def _watch_switcher(self, proc) -> None:
+        """Kill the switcher if it stays silent while it has guests to
+        switch or watch; the reader thread then restores and restarts."""
+        limit = stall_limit(self.max_stall_ms)
+        while proc.poll() is None and self._proc is proc:
+            time.sleep(limit / 6)
+            sent = self._sent
+            silent = time.monotonic() - self._heard
+            if sent is None or not sent.cells or silent < limit or proc.poll() is not None:
+                continue
+            frozen = sum(1 for e in list(self.journal.entries.values())
+                         if e.get("kind") == "freeze" and (self.fs.read_or(e["path"]) or "").strip() == "1")
+            log.error("action=switcher-stalled pid=%s silent_ms=%.0f frozen_vcpus=%d: killing it; what it "
+                      "froze or boosted is restored and it is restarted", proc.pid, 1000 * silent, frozen)
+            with self.lock:
+                self._stats.forced_thaws += frozen
+                self._stats.errors.append(f"switcher silent for {1000 * silent:.0f} ms: killed and restarted")
+            proc.kill()
+            return
 
     def _account(self, msg: pr.Stats) -> None:
         with self.lock:

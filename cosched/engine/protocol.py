@@ -4,8 +4,11 @@ One JSON object per line, each with a ``type``; every message is a frozen
 dataclass here and only :func:`encode` and :func:`decode` touch JSON, so both
 ends agree by construction. Daemon to switcher: :class:`Plan`, :class:`Stop`.
 Switcher to daemon: :class:`Ready` (it runs, realtime or not),
-:class:`Applied` (a plan is in force), :class:`Stats` (every 0.1 s, and a
-last one with ``released`` set when it has given everything back).
+:class:`Applied` (a plan is in force), :class:`Stats` (every
+:data:`STATS_EVERY_S`, every :data:`IDLE_STATS_EVERY_S` while it has nothing
+to switch or watch, and a last one with ``released`` set when it has given
+everything back). A busy switcher that falls silent is taken for stalled
+(:func:`cosched.engine.stall_limit`).
 """
 from __future__ import annotations
 
@@ -13,6 +16,9 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 
 from cosched.actuators.sched import SchedAttr
+
+STATS_EVERY_S = 0.1
+IDLE_STATS_EVERY_S = 1.0       # idle: fewer wake-ups (10 a second cost 0.2% of a CPU)
 
 
 @dataclass(frozen=True)

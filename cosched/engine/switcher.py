@@ -14,7 +14,8 @@ Protocol (:mod:`cosched.engine.protocol`): the daemon writes a ``Plan`` or
 (realtime, if it may), ``Applied`` once a plan is in force, and ``Stats``
 every 0.1 s (every second while it has nothing to switch or watch; co-stop
 time included up to that moment, so that ``auto`` does not mistake
-uncredited co-stop for idleness). When stdin closes (the daemon died),
+uncredited co-stop for idleness). The daemon kills a busy switcher that
+stays silent (see :func:`cosched.engine.stall_limit`). When stdin closes (the daemon died),
 on ``stop``, SIGTERM or SIGINT, it thaws every vCPU it froze, returns every
 thread it boosted to the attributes the journal recorded for it, takes back every RT runtime grant,
 and exits.
@@ -57,8 +58,8 @@ from cosched.policy.plan import WATCHED
 from cosched.policy.watch import Bcs, Relaxed, Seen
 
 log = logging.getLogger("cosched.switcher")
-STATS_EVERY_NS = 100_000_000
-IDLE_STATS_EVERY_NS = 1_000_000_000      # nothing to switch or watch: wake up less (0.2% of a CPU at 10 Hz)
+STATS_EVERY_NS = int(pr.STATS_EVERY_S * 1e9)
+IDLE_STATS_EVERY_NS = int(pr.IDLE_STATS_EVERY_S * 1e9)
 WATCH_POLL_NS = 500_000      # 1 ms co-ran siblings measurably less often (barrier guests, 2-CPU host)
 BOOST_MARGIN_NS = 2_000_000
 
