@@ -146,6 +146,19 @@ def test_rt_group_sched_budget_turns_boost_off_when_too_small():
     assert p.cells[0].members[0].vcpus[0].rt_chain[-1] == "/sys/fs/cgroup/cpu/machine/a/vcpu0/cpu.rt_runtime_us"
 
 
+def test_relaxed_boosts_get_rt_runtime_where_rt_group_scheduling_needs_it():
+    # pinned for balance, a relaxed vCPU cannot take SCHED_DEADLINE; its FIFO boosts need a grant
+    h = host(2, rt=True)
+    p = plan(snap(h, dom("a", kind="relaxed"), dom("b", kind="relaxed", boost=False)), PlanConfig(rt_budget_us=950_000))
+    a, b = (c.members[0] for c in sorted(p.cells, key=lambda c: c.id))
+    assert a.boost_ms and a.rt_vcpu_us == 950_000 // 2        # boost is on by default
+    assert a.vcpus[1].rt_chain[-1] == "/sys/fs/cgroup/cpu/machine/a/vcpu1/cpu.rt_runtime_us"
+    assert not b.boost_ms and b.rt_vcpu_us is None and b.vcpus[0].rt_chain == ()
+    # without RT group scheduling nothing is granted
+    (a,) = (c.members[0] for c in plan(snap(host(2), dom("a", kind="relaxed")), PlanConfig()).cells)
+    assert a.boost_ms and a.rt_vcpu_us is None
+
+
 def test_invalid_and_none_guests_are_not_planned():
     bad = Domain("bad", "uuid-bad", 1, dom("x").vcpus, None, error="annotation attribute 'x': bad")
     p = plan(snap(host(2), bad, dom("n", kind="none")), PlanConfig())

@@ -294,6 +294,20 @@ def test_relaxed_freezes_only_the_leader_and_release_thaws_it(tmp_path):
     assert pr.Tally("a", 0, costop_ns=clock.now - frozen_at, costops=1) in sw.take_stats().tallies
 
 
+def test_relaxed_boosts_hold_an_rt_grant_and_give_it_back(tmp_path):
+    fs, clock = tree(tmp_path, rt=True), Clock()
+    Procs(fs, (100, 101))
+    sw = Switcher(fs, 500 * MS, rt_top_us=900_000, sched=FakeSched().knob(fs), clock=clock)
+    sw.apply(replace(watched("relaxed", replace(member("a", rt=True, rt_us=100_000), boost_ms=2, costop_ms=3,
+                                                    costart_ms=2)), rt_top_us=900_000))
+    rt = lambda p: fs.read(f"{CPU}/machine/{p}cpu.rt_runtime_us")
+    assert rt("") == "900000" and rt("a/") == "200000" and rt("a/vcpu1/") == "100000"
+    sw.apply(watched("relaxed", replace(member("a", rt=True, rt_us=100_000), costop_ms=3, costart_ms=2)))
+    assert rt("a/vcpu1/") == "0"                          # boosts off: the grant goes with them
+    sw.release_all()
+    assert {rt(p) for p in ("", "a/", "a/vcpu0/", "a/vcpu1/")} == {"0"}
+
+
 def test_a_new_switcher_adopts_vcpus_a_killed_one_left_frozen(tmp_path):
     fs, clock = tree(tmp_path), Clock()
     for i in range(2):                                   # a killed switcher froze b and co-stopped c's vCPU 1

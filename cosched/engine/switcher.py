@@ -205,28 +205,30 @@ class Switcher:
             self.counters.add(self.counters.costop_ns, key, max(now - st.credited, 0))
             st.frozen = False
 
-    def _grant(self, cells: dict[str, CellState]) -> None:
+    def _grant(self, cells: dict[str, CellState], watched: dict[str, Watched]) -> None:
         """Hold the RT runtime every boosted member needs (RT group scheduling only)."""
+        owners: list[tuple[CellState | Watched, pr.MemberPlan, str]] = [
+            (cell, m.plan, cell.id) for cell in cells.values() for m in cell.members if m.plan.priority]
+        owners += [(w, w.plan, w.cell) for w in watched.values() if w.plan.boost_ms]
         wanted: dict[str, int] = {}
-        owner: dict[str, CellState] = {}
-        for cell in cells.values():
-            for m in cell.members:
-                p = m.plan
-                chains = [v.rt_chain for v in p.vcpus if v.rt_chain]
-                if not (p.priority and p.rt_vcpu_us and chains) or cell.boost_failed:
-                    continue
-                for c in chains:
-                    wanted[c[0]] = max(wanted.get(c[0], 0), self.rt_top_us or 0)
-                    for path in c[1:-1]:
-                        wanted[path] = p.rt_vcpu_us * len(p.vcpus)
-                    wanted[c[-1]] = p.rt_vcpu_us
-                    for path in c:
-                        owner[path] = cell
+        owner: dict[str, tuple[CellState | Watched, str]] = {}
+        for who, p, cid in owners:
+            chains = [v.rt_chain for v in p.vcpus if v.rt_chain]
+            if not (p.rt_vcpu_us and chains) or who.boost_failed:
+                continue
+            for c in chains:
+                wanted[c[0]] = max(wanted.get(c[0], 0), self.rt_top_us or 0)
+                for path in c[1:-1]:
+                    wanted[path] = p.rt_vcpu_us * len(p.vcpus)
+                wanted[c[-1]] = p.rt_vcpu_us
+                for path in c:
+                    owner[path] = (who, cid)
         for path in sorted(self.rt.grant(wanted)):
-            cell = owner[path]
-            if not cell.boost_failed:
-                cell.boost_failed = f"RT runtime grant {path} failed; cell {cell.id} runs freeze-only"
-                self._error(cell.boost_failed)
+            who, cid = owner[path]
+            if not who.boost_failed:
+                who.boost_failed = f"RT runtime grant {path} failed; {cid} runs " + (
+                    "without boosts" if isinstance(who, Watched) else "freeze-only")
+                self._error(who.boost_failed)
 
     def _boost_member(self, cell: CellState, m: MemberState) -> None:
         if not m.plan.priority or cell.boost_failed:
@@ -415,7 +417,7 @@ class Switcher:
             for m in cell.members:
                 if not m.plan.priority or cell.boost_failed:
                     self._unboost_member(m)
-        self._grant(cells)
+        self._grant(cells, watched)
         for cell in cells.values():
             self._enter(cell, now, "fresh" if cell.deadline is None else "reapply")
         log.info("action=plan cells=%s watched=%s", ",".join(f"{c.id}:{len(c.members)}" for c in cells.values()) or "-",

@@ -241,8 +241,11 @@ def _watched(domains: list[Domain], host: Host, pool: list[int], rejected: dict)
         if kind == RELAXED:
             cpus = [pool[(next_cpu + j) % len(pool)] for j in range(len(d.vcpus))]
             next_cpu += len(d.vcpus)
+        # a pinned (relaxed) vCPU cannot take SCHED_DEADLINE: its boosts are SCHED_FIFO, which RT
+        # group scheduling allows only with runtime granted along its cgroup path
         vcpus = tuple(PlannedVcpu(index=v.index, tid=v.tid, start_time=v.start_time, cpu=cpu,
-                                  freeze=host.freeze_file(v)) for v, cpu in zip(d.vcpus, cpus))
+                                  freeze=host.freeze_file(v), rt_chain=host.rt_chain(v) if boost_ms else ())
+                      for v, cpu in zip(d.vcpus, cpus))
         member = Member(d.uuid, d.name, 0, 0, vcpus, boost_ms=boost_ms,
                         costop_ms=p.get("costop-ms", 0), costart_ms=p.get("costart-ms", 0))
         out.append(Cell(f"{kind}-{d.name}", kind, (), (member,), kind=kind))
@@ -252,7 +255,8 @@ def _watched(domains: list[Domain], host: Host, pool: list[int], rejected: dict)
 def _rt_budgets(cells: list[Cell], cfg: PlanConfig) -> list[Cell]:
     """Split the RT budget among boosted vCPUs; turn boost off where it cannot last."""
     def boosted(cs):
-        return [v for c in cs for m in c.members if m.priority and m.vcpus[0].rt_chain for v in m.vcpus]
+        return [v for c in cs for m in c.members if (m.priority or m.boost_ms) and m.vcpus[0].rt_chain
+                for v in m.vcpus]
     if cfg.rt_budget_us is None or not boosted(cells):
         return cells
     out = list(cells)
@@ -265,7 +269,7 @@ def _rt_budgets(cells: list[Cell], cfg: PlanConfig) -> list[Cell]:
             if need and need * 1.1 > share / cfg.rt_period_us and (worst is None or need > worst[1]):
                 worst = (i, need)
         if worst is None:
-            return [replace(c, members=tuple(replace(m, rt_vcpu_us=share if m.priority else None)
+            return [replace(c, members=tuple(replace(m, rt_vcpu_us=share if m.priority or m.boost_ms else None)
                                              for m in c.members)) for c in out]
         i, need = worst
         c = out[i]
@@ -296,4 +300,4 @@ def plan(snapshot: Snapshot, cfg: PlanConfig) -> Plan:
     cells = (_gang(by_kind["gang"], host, pool, cfg, rejected)
              + _packed("partial", by_kind["partial"], host, pool, cfg, rejected))
     watched = _watched(by_kind[BOOST] + by_kind[RELAXED], host, pool, rejected)
-    return Plan(tuple(_lone_relaxed(_rt_budgets(cells, cfg))) + tuple(watched), rejected, max_boosted=len(pool))
+    return Plan(tuple(_lone_relaxed(_rt_budgets(cells + watched, cfg))), rejected, max_boosted=len(pool))
