@@ -66,7 +66,7 @@ from testbed import guests, image, services, synthetic
 from testbed.daemon import DaemonProcess
 
 PREFIX = "cosched-scale-"
-WARMUP_S = 30.0           # the sampler averages the rest of the daemon's CPU over 30 s
+WARMUP_S = 30.0           # the sampler averages the rest of the daemon's CPU over 10 s: settled by then
 SLEEP_MS = 50             # an idle vCPU's wake-ups: a 20 Hz tick (a thousand at 1 ms would swamp 2 CPUs)
 TARGETS = {"cpu_256": 2.0, "cpu_1024": 5.0, "switch_p99_64_ms": 1.0, "scrape_1024_ms": 100.0}
 

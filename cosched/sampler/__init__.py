@@ -8,7 +8,7 @@ CPU): the rest of the daemon (resyncs, the main loop, ``/metrics`` scrapes;
 not the switcher process) is measured and comes off the budget first, down
 to half of it, and when a pass costs more than what is left allows at
 ``sample_interval_ms``, the period stretches to ``pass cost / what is left``
-(averages over recent passes and the last half minute), and every window
+(averages over recent passes and the last ten seconds), and every window
 with it. Totals stay exact; windows, and so skew and hazard's resolution,
 get coarser. The period in force is :attr:`Sampler.period`.
 
@@ -39,7 +39,7 @@ from cosched.sampler.estimate import VcpuCarry, Window, estimate, place
 log = logging.getLogger("cosched.sampler")
 
 SKEW_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
-REST_AVERAGE_S = 30.0     # the rest of the daemon is bursty (a resync every few seconds): averaged over this long
+REST_AVERAGE_S = 10.0     # the rest of the daemon is bursty (a resync every 5 s): averaged over this long
 
 
 @dataclass
