@@ -67,13 +67,12 @@ integration: image services
 test: image services
 	$(PY) -m pytest -q tests
 
-# the long form of the fault suite: 10,000 fuzzed configs, presets and annotations each,
-# 100 SIGKILLs of the daemon or its switcher at random points of a rotation, and
-# 1,000 guests created and destroyed next to a rotation
+# the long form of the fault suite (python -m benchmarks.soak): 10,000 fuzzed configs,
+# presets, annotations and domain XML documents each, kernel errors in every actuator,
+# 100 SIGKILLs of the daemon or its switcher at random points of a rotation, 50 real and
+# 1,000 synthetic guests created and destroyed next to a rotation; a table of figures
 soak: image services
-	COSCHED_FUZZ_EXAMPLES=10000 $(PY) -m pytest -q tests/test_fuzz.py
-	COSCHED_KILLS=100 $(PY) -m pytest -q tests/integration/test_chaos.py
-	COSCHED_CYCLES=1000 $(PY) -m pytest -q tests/integration/test_synthetic.py
+	$(PY) -m benchmarks.soak
 
 demo: image services
 	$(PY) -m testbed.demo

@@ -41,3 +41,9 @@ def fake(tmp_path):
 @pytest.fixture
 def fs(fake):
     return HostFS(fake.root)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The fault suite's figures, for ``make soak`` (see ``tests/soak.py``)."""
+    import soak
+    soak.write()

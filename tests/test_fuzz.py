@@ -22,6 +22,8 @@ from xml.sax.saxutils import quoteattr
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from soak import record
+
 from cosched.annotation import AnnotationError, domain_policy
 from cosched.config import Config, ConfigError, load
 from cosched.policy.params import KINDS as SCHEMA
@@ -81,12 +83,14 @@ def test_a_config_file_is_valid_or_names_its_culprit(doc, noise):
         config = load(path)
     except ConfigError as e:
         event("refused")
+        record("fuzzed configuration files", cycles=1, faults=1)
         message = str(e)
         assert message.startswith(f"{path}: "), message
         # a file that parses names the key at fault; one that does not, where it broke
         assert any(repr(k) in message or f"{k}:" in message for k in doc) or "(at " in message or not doc, message
     else:
         event("accepted")
+        record("fuzzed configuration files", cycles=1)
         assert isinstance(config, Config) and set(doc) <= set(CONFIG_KEYS)
     finally:
         os.unlink(path)
@@ -103,9 +107,11 @@ def test_a_preset_file_loads_or_is_reported_by_name(kind, params, top):
         presets = Presets.load([d])
         if "fuzzed" in presets.by_name and not presets.errors:
             event("accepted")
+            record("fuzzed preset files", cycles=1)
             assert presets.by_name["fuzzed"].kind == kind
         else:
             event("refused")
+            record("fuzzed preset files", cycles=1, faults=1)
             assert len(presets.errors) == 1 and "fuzzed.toml" in presets.errors[0], presets.errors
             assert "fuzzed" not in presets.by_name
 
@@ -121,10 +127,12 @@ def test_an_annotation_is_valid_or_names_its_attribute(name, attrs):
         spec = domain_policy(xml, PRESETS, "none")
     except AnnotationError as e:
         event("refused")
+        record("fuzzed annotations", cycles=1, faults=1)
         assert e.attribute in {"name", *attrs}, (e.attribute, attrs)
         assert e.attribute in str(e)
     else:
         event("accepted")
+        record("fuzzed annotations", cycles=1)
         assert spec.preset == name and set(dict(spec.params)) >= set(attrs)
 
 
@@ -133,5 +141,7 @@ def test_an_annotation_is_valid_or_names_its_attribute(name, attrs):
 def test_arbitrary_domain_xml_never_raises_anything_else(text, prefix):
     try:
         domain_policy(f"<domain>{prefix}{text}", PRESETS, "none")
+        record("arbitrary domain XML", cycles=1)
     except AnnotationError as e:
+        record("arbitrary domain XML", cycles=1, faults=1)
         assert e.attribute

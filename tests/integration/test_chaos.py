@@ -17,6 +17,11 @@ after the last round a clean stop leaves the host as it was.
 
 ``COSCHED_KILLS`` rounds (default 6, half of each kind); ``make soak`` runs 100.
 
+**A stopped switcher** (SIGSTOP: as if starved of CPU or stuck): the
+daemon kills it, and nothing it froze or boosted outlives ``max_stall_ms``.
+
+**Real guests coming and going** next to a rotation leave nothing behind.
+
 **libvirtd restarted under load**: the rotation never stops, the daemon is
 connected again within 5 s of libvirtd answering, and a policy change made
 afterwards is taken up. **An annotation flapping** every 100 ms between
@@ -34,6 +39,7 @@ import time
 import psutil
 import pytest
 
+from soak import record
 from testbed import guests, services
 
 from .conftest import PREFIX, DaemonProcess
@@ -147,12 +153,103 @@ def test_sigkill_at_random_points_leaves_nothing_past_max_stall(busy, tmp_path):
             kinds[kind] += 1
             assert any(s[1] or s[2] for s in sampler.samples if s[0] <= killed), \
                 f"round {n}: nothing was frozen or boosted when {kind} was killed: nothing tested"
-            problems += [f"round {n} ({kind} killed): {p}" for p in sampler.leftovers(killed, up)]
+            found = sampler.leftovers(killed, up)
+            problems += [f"round {n} ({kind} killed): {p}" for p in found]
+            record("SIGKILL of the daemon or its switcher mid-rotation", cycles=1, faults=1, leaks=len(found),
+                   exits=int(daemon.proc.poll() is not None))
             assert daemon.proc.poll() is None, daemon.log.read_text()[-3000:]
     finally:
         assert daemon.stop() == 0
     assert problems == [], "\n".join(problems) + "\n--- daemon log ---\n" + daemon.log.read_text()[-6000:]
     assert kinds == {"daemon": (ROUNDS + 1) // 2, "switcher": ROUNDS // 2}
+    assert host_state(NAMES) == before
+
+
+def test_a_stopped_switcher_is_killed_and_nothing_outlives_max_stall(busy, tmp_path):
+    """The switcher starved of CPU, stuck or stopped (here: SIGSTOP at a random
+    point of the rotation) gives no more slot changes and no reports: the
+    daemon's watchdog kills it, what it froze or boosted is undone within
+    ``max_stall_ms`` of the stop, the thaws are counted, and a new switcher
+    takes over the rotation."""
+    for name in NAMES[:2]:
+        set_policy(name, '<policy name="gang"/>')
+    set_policy(NAMES[2], '<policy name="relaxed" boost="true"/>')
+    before = host_state(NAMES)
+    rng = random.Random()
+    daemon = DaemonProcess(tmp_path).start()
+    try:
+        daemon.wait(lambda: enforcing(daemon, 3), 20, "gang rotating and relaxed acting")
+        switcher = psutil.Process(daemon.proc.pid).children()
+        assert len(switcher) == 1, switcher
+        forced = daemon.status()["daemon"]["engine"]["forced_thaws"]
+        sampler = Sampler()
+        sampler.start()
+        while len(sampler.samples) < 5:
+            time.sleep(0.001)
+        time.sleep(rng.uniform(0.0, 0.15))
+        switcher[0].suspend()                                      # SIGSTOP
+        stopped = time.monotonic()
+        time.sleep(MAX_STALL + 0.5)
+        sampler.halt.set()
+        sampler.join()
+        assert any(s[1] for s in sampler.samples if s[0] <= stopped), "nothing was frozen at the stop: nothing tested"
+        problems = sampler.leftovers(stopped, stopped)
+        record("switcher stopped (SIGSTOP) mid-rotation", cycles=1, faults=1, leaks=len(problems),
+               exits=int(daemon.proc.poll() is not None))
+        assert problems == [], "\n".join(problems) + "\n--- daemon log ---\n" + daemon.log.read_text()[-4000:]
+        assert not switcher[0].is_running() or switcher[0].status() == psutil.STATUS_ZOMBIE, "the stopped one lives"
+        assert "action=switcher-stalled" in daemon.log.read_text()
+        daemon.wait(lambda: daemon.status()["daemon"]["engine"]["forced_thaws"] > forced, 5, "the thaws counted")
+        switches_now = switches(daemon)
+        daemon.wait(lambda: switches(daemon) > switches_now + 3, 10, "a new switcher rotating")
+        assert [p.pid for p in psutil.Process(daemon.proc.pid).children()] != [switcher[0].pid]
+    finally:
+        assert daemon.stop() == 0
+    assert host_state(NAMES) == before
+
+
+REAL_CYCLES = int(os.environ.get("COSCHED_REAL_CYCLES", "3"))
+
+
+def test_real_guests_coming_and_going_leak_nothing(busy, guest_image, tmp_path):
+    """``COSCHED_REAL_CYCLES`` real TCG guests (3 here, 50 in ``make soak``),
+    under ``gang``, ``relaxed`` and ``none`` in turn, each created, taken up
+    and destroyed while two busy guests rotate: nothing of them is left in
+    the journal, the daemon stays up, the rotation goes on, and a clean stop
+    leaves the host as it was."""
+    import psutil
+
+    from cosched.actuators.journal import Journal
+    for name in NAMES[:2]:
+        set_policy(name, '<policy name="gang"/>')
+    set_policy(NAMES[2], '<policy name="none"/>')
+    before = host_state(NAMES)
+    daemon = DaemonProcess(tmp_path).start()
+    try:
+        daemon.wait(lambda: switches(daemon) > 5, 20, "a gang of two rotating")
+        rss = []
+        for n in range(REAL_CYCLES):
+            policy, name = ("gang", "relaxed", "none")[n % 3], f"{PREFIX}cycle-{n}"
+            g = guests.start(name, workload="idle", image=guest_image, policy=guests.annotation(policy))
+            try:
+                daemon.wait(lambda: (d := daemon.domain(name)) and len(d["vcpus"]) == 2
+                            and (d["managed"] or policy == "none"), 30, f"cycle {n}: {name} taken up")
+            finally:
+                g.destroy()
+            daemon.wait(lambda: daemon.domain(name) is None, 10, f"cycle {n}: {name} gone")
+            rss.append(psutil.Process(daemon.proc.pid).memory_info().rss)
+        now = switches(daemon)
+        daemon.wait(lambda: switches(daemon) > now + 5, 10, "still rotating")
+        entries = Journal(f"{daemon.state_dir}/journal.json").entries.values()
+        leaked = [e for e in entries if "cycle-" in str(e.get("name") or e.get("path"))]
+        record("real guests created and destroyed next to a rotation", cycles=REAL_CYCLES, leaks=len(leaked),
+               exits=int(daemon.proc.poll() is not None),
+               notes=f"daemon RSS {rss[0] / 2**20:.0f} MiB after the first, {rss[-1] / 2**20:.0f} MiB after the last")
+        assert not leaked, leaked
+        assert daemon.proc.poll() is None
+    finally:
+        assert daemon.stop() == 0
+    set_policy(NAMES[2], '<policy name="gang"/>')
     assert host_state(NAMES) == before
 
 
@@ -183,7 +280,9 @@ def test_libvirtd_restart_under_load_keeps_the_rotation_and_resyncs(busy, tmp_pa
     finally:
         assert daemon.stop() == 0
     set_policy(NAMES[2], '<policy name="gang"/>')
-    assert host_state(NAMES) == before
+    after = host_state(NAMES)
+    record("libvirtd restarted under load", cycles=1, faults=1, leaks=int(after != before), exits=0)
+    assert after == before
 
 
 def test_an_annotation_flapping_every_100_ms_settles_and_leaves_nothing(busy, tmp_path):
@@ -208,4 +307,7 @@ def test_an_annotation_flapping_every_100_ms_settles_and_leaves_nothing(busy, tm
     finally:
         assert daemon.stop() == 0
     set_policy(NAMES[2], '<policy name="gang"/>')
-    assert host_state(NAMES) == before
+    after = host_state(NAMES)
+    record("an annotation flapping every 100 ms for 10 s", cycles=flips, faults=flips, leaks=int(after != before),
+           exits=0)
+    assert after == before

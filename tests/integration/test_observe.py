@@ -96,7 +96,8 @@ def test_libvirtd_restart_keeps_daemon_running_and_resyncs(daemon, start_guest):
     assert "action=connected" in daemon.log.read_text().split("action=disconnected", 1)[1]
 
 
-def test_vcpu_hotplug_is_discovered(daemon, start_guest):
+def test_vcpu_hotplug_and_unplug_are_followed(daemon, start_guest):
+    from cosched.actuators.journal import Journal
     g = start_guest("hotplug", vcpus=1, max_vcpus=2, workload="idle", policy=guests.annotation("gang"))
     g.wait_for("cosched-ready")
     dom, _ = daemon.wait(lambda: (d := daemon.domain(g.name)) and len(d["vcpus"]) == 1 and d, 5, "1 vCPU")
@@ -105,5 +106,18 @@ def test_vcpu_hotplug_is_discovered(daemon, start_guest):
     dom, _ = daemon.wait(lambda: (d := daemon.domain(g.name)) and len(d["vcpus"]) == 2 and d, 8, "2 vCPUs")
     assert {v["index"]: v["tid"] for v in dom["vcpus"]} == proc_vcpu_tids(dom["pid"])
     assert dom["managed"] and dom["error"] is None
+    gone = next(v["tid"] for v in dom["vcpus"] if v["index"] == 1)
+    journal = f"{daemon.state_dir}/journal.json"
+    daemon.wait(lambda: any(e.get("tid") == gone for e in Journal(journal).entries.values()), 5,
+                "the plugged vCPU managed (its thread's attributes on record)")
+    # unplug: the guest's kernel ejects the vCPU and QEMU ends its thread; a TCG guest takes
+    # about libvirt's own 5 s wait for that, so virsh may report a time-out for an unplug that happens
+    subprocess.run(["virsh", "-c", "qemu:///system", "setvcpus", g.name, "1", "--live"], capture_output=True)
+    daemon.wait(lambda: len(proc_vcpu_tids(dom["pid"])) == 1, 30, "the guest let the vCPU go")
+    dom, _ = daemon.wait(lambda: (d := daemon.domain(g.name)) and len(d["vcpus"]) == 1 and d, 10, "back to 1 vCPU")
+    assert proc_vcpu_tids(dom["pid"]) == {0: dom["vcpus"][0]["tid"]}
+    assert dom["managed"] and dom["error"] is None
+    daemon.wait(lambda: not any(e.get("tid") == gone for e in Journal(journal).entries.values()), 8,
+                "nothing of the unplugged vCPU on record")
     assert daemon.proc.poll() is None
 

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from soak import record
 from testbed import synthetic
 
 from .conftest import DaemonProcess
@@ -123,7 +124,11 @@ def test_guests_coming_and_going_leak_nothing(tmp_path, pve, started, libvirtd):
         daemon.wait(lambda: daemon.status()["daemon"]["engine"]["switches"].get("gang", 0) > 10, 5, "still rotating")
         entries = Journal(f"{daemon.state_dir}/journal.json").entries.values()
         owners = {e.get("name") or e.get("path") for e in entries}
-        assert not [o for o in owners if "cycle-" in str(o)], owners          # nothing of a gone guest
+        leaked = [o for o in owners if "cycle-" in str(o)]
+        record("synthetic guests created and destroyed next to a rotation", cycles=CYCLES, leaks=len(leaked),
+               exits=int(daemon.proc.poll() is not None),
+               notes=f"daemon RSS {rss[CYCLES // 4] / 2**20:.0f} MiB after a quarter, {rss[-1] / 2**20:.0f} MiB at the end")
+        assert not leaked, owners                                               # nothing of a gone guest
         assert daemon.proc.poll() is None
         if CYCLES >= 20:                                                       # after warm-up, flat
             assert rss[-1] < 1.1 * rss[CYCLES // 4], [r // 2**20 for r in rss]

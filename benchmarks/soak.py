@@ -1,0 +1,109 @@
+"""The long form of the fault suite, and its table of figures.
+
+    python -m benchmarks.soak [--fuzz 10000] [--kills 100] [--real-cycles 50] [--cycles 1000] [--out DIR]
+    python -m benchmarks.soak --report DIR
+
+Runs, one after the other (never two VM-heavy suites at once), each test
+file of the fault suite at full length:
+
+* ``tests/test_fuzz.py``: ``--fuzz`` fuzzed configuration files, preset
+  files, annotations and domain XML documents each;
+* ``tests/test_faults.py``: kernel errors (EBUSY, ENOENT, EPERM, EINVAL, a
+  write that succeeds but does not take) injected into every actuator;
+* ``tests/integration/test_chaos.py``: ``--kills`` SIGKILLs of the daemon
+  or its switcher at random points of a rotation, a switcher stopped
+  mid-rotation, ``--real-cycles`` real guests created and destroyed next to
+  a rotation, libvirtd restarted under load, an annotation flapping;
+* ``tests/integration/test_synthetic.py``: ``--cycles`` synthetic guests
+  created and destroyed next to a rotation.
+
+Each test records what it did and found (``tests/soak.py``) into
+``DIR/figures.json``; each file's pytest output is kept in ``DIR/NAME.log``
+with its exit status. ``DIR/summary.md`` is the table: per part, cycles
+run, faults injected, leaks found (target 0), daemon exits (target 0).
+Default ``DIR``: ``benchmarks/results/soak-<time>``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def parts(args) -> list[tuple[str, list[str], dict]]:
+    return [
+        ("fuzz", ["tests/test_fuzz.py"], {"COSCHED_FUZZ_EXAMPLES": str(args.fuzz)}),
+        ("faults", ["tests/test_faults.py"], {}),
+        ("chaos", ["tests/integration/test_chaos.py"],
+         {"COSCHED_KILLS": str(args.kills), "COSCHED_REAL_CYCLES": str(args.real_cycles)}),
+        ("synthetic", ["tests/integration/test_synthetic.py"], {"COSCHED_CYCLES": str(args.cycles)}),
+    ]
+
+
+def summary(res: dict, figures: dict) -> str:
+    lines = ["# Fault suite, long form", "", f"`{res['command']}` at commit {res['commit']}, "
+             f"{res['minutes']:.0f} minutes, host: {res['cpus']} CPUs, kernel {res['kernel']}.", "",
+             "| part | cycles run | faults injected | leaks found | daemon exits | notes |",
+             "|---|---|---|---|---|---|"]
+    dash = "—"
+    for part in sorted(figures):
+        f = figures[part]
+        lines.append(f"| {part} | {f.get('cycles', dash)} | {f.get('faults', dash)} | {f.get('leaks', dash)} | "
+                     f"{f.get('exits', dash)} | {f.get('notes', '')} |")
+    total = {k: sum(f.get(k, 0) for f in figures.values()) for k in ("cycles", "faults", "leaks", "exits")}
+    lines += [f"| **all** | {total['cycles']} | {total['faults']} | {total['leaks']} | {total['exits']} | |", "",
+              "Faults injected: for fuzzed input, the inputs refused (each with an error naming its culprit); "
+              "for the others, the kills, stops, restarts, policy changes or kernel errors made to happen.", "",
+              "| test file | pytest exit status |", "|---|---|"]
+    lines += [f"| {name} (`{' '.join(files)}`) | {status} |" for name, files, status in res["runs"]]
+    failed = [name for name, _, status in res["runs"] if status != 0]
+    lines += ["", "Every test passed." if not failed else f"Failed: {', '.join(failed)} (see NAME.log)."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--fuzz", type=int, default=10_000)
+    ap.add_argument("--kills", type=int, default=100)
+    ap.add_argument("--real-cycles", type=int, default=50)
+    ap.add_argument("--cycles", type=int, default=1000)
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--report", type=Path, default=None, help="redraw DIR/summary.md from its results")
+    args = ap.parse_args(argv)
+    if args.report:
+        res = json.loads((args.report / "results.json").read_text())
+        figures = json.loads((args.report / "figures.json").read_text())
+        (args.report / "summary.md").write_text(summary(res, figures))
+        return 0
+    out = args.out or Path("benchmarks/results") / time.strftime("soak-%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    figures_file = (out / "figures.json").resolve()
+    figures_file.unlink(missing_ok=True)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    res = {"command": " ".join(["python -m benchmarks.soak", *(argv if argv is not None else sys.argv[1:])]),
+           "commit": commit or "unknown", "cpus": len(os.sched_getaffinity(0)), "kernel": os.uname().release,
+           "runs": []}
+    t0 = time.monotonic()
+    for name, files, env in parts(args):
+        print(f"soak: {name} ...", flush=True)
+        with open(out / f"{name}.log", "w") as log:
+            status = subprocess.run([sys.executable, "-m", "pytest", "-q", *files], stdout=log,
+                                    stderr=subprocess.STDOUT,
+                                    env={**os.environ, **env, "COSCHED_SOAK_OUT": str(figures_file)}).returncode
+        res["runs"].append((name, files, status))
+        print(f"soak: {name} exit {status}", flush=True)
+    res["minutes"] = (time.monotonic() - t0) / 60
+    (out / "results.json").write_text(json.dumps(res, indent=1))
+    figures = json.loads(figures_file.read_text()) if figures_file.exists() else {}
+    text = summary(res, figures)
+    (out / "summary.md").write_text(text)
+    print("\n" + text + f"\nwritten to {out}/")
+    return 0 if all(status == 0 for _, _, status in res["runs"]) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
