@@ -277,7 +277,9 @@ def summary(res: dict) -> str:
              f"Command: `{res['command']}`", "", "## Observation", "",
              f"One daemon watching synthetic guests of {res['config']['per_guest']} vCPUs (threads asleep but for "
              f"~20 µs every {SLEEP_MS} ms), sample_budget_pct {res['config'].get('sample_budget_pct') or 'default (2)'}, "
-             f"every guest under `none`, for {res['config']['seconds']:g} s.", "",
+             f"every guest under `none`, for {res['config']['seconds']:g} s"
+             + (f" from {res['config']['warmup_s']:g} s after it showed every vCPU." if "warmup_s" in res["config"]
+                else "."), "",
              "| vCPUs | guests | daemon CPU % | sampling period ms | µs per vCPU-sample | samples/s | late | resync ms | scrape ms | /metrics KiB | RSS MiB |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for o in res["observation"]:
@@ -359,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
            "command": " ".join(["python -m benchmarks.scale", *sys.argv[1:]]),
            "config": {"vcpus": args.vcpus, "per_guest": args.per_guest, "seconds": args.seconds,
                       "sizes": args.sizes, "cells": args.cells, "libvirt_guests": args.libvirt_guests,
-                      "sample_budget_pct": args.sample_budget},
+                      "sample_budget_pct": args.sample_budget, "warmup_s": WARMUP_S},
            "observation": [], "switching": None, "real": None}
     for n in args.vcpus:
         res["observation"].append(observation(n, args.per_guest, args.seconds, work, args.sample_budget))
