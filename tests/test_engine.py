@@ -208,3 +208,25 @@ def test_a_silent_switcher_is_killed_and_what_it_froze_is_thawed(fake, fs, tmp_p
         assert stats.forced_thaws == 2 and any("silent" in e for e in stats.errors), stats
     finally:
         assert engine.release() == []
+
+
+def test_a_switcher_given_work_after_a_quiet_spell_is_not_taken_for_stalled(fake, fs, tmp_path):
+    """An idle switcher reports once a second; the plan that gives it cells
+    restarts the watchdog's clock, so its first slot is not a stall."""
+    journal = Journal(str(tmp_path / "run/journal"))
+    knob = FakeSched().knob(fs)
+    engine = Engine(fs, journal, FakePinner(), sched=knob, switcher_factory=ThreadSwitcher.factory(fs, knob),
+                    max_stall_ms=400)
+    try:
+        snap = snapshot(fake, fs, 2, xml="<domain/>")      # no policy: nothing to switch
+        engine.reconcile(snap)
+        first = engine._proc
+        assert first is not None and first.poll() is None
+        for _ in range(3):                                 # quiet spells ending at different points of a second
+            time.sleep(0.85)
+            engine.reconcile(snapshot(fake, fs, 2))
+            time.sleep(0.3)
+            engine.reconcile(snap)
+        assert engine._proc is first and engine.stats().forced_thaws == 0, engine.stats().errors
+    finally:
+        assert engine.release() == []

@@ -374,6 +374,7 @@ class Engine:
         body = self._message(p)
         if body != self._sent:
             self._seq += 1
+            self._heard = time.monotonic()    # silence is counted from the work given, not an idle spell
             try:
                 self._proc.stdin.write(pr.encode(replace(body, seq=self._seq)))
                 self._proc.stdin.flush()
