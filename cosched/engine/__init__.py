@@ -14,10 +14,10 @@ The switcher reports switches, switch latency, slot lateness, costop time,
 co-stops and boosts per vCPU, forced thaws and errors; they become metrics and status. If the switcher dies,
 the engine restores what it may have left (thread policies, cgroup files),
 and starts a new one at the next reconcile. A switcher that has guests to
-switch or watch but stays silent (stopped, starved of CPU, stuck in the
-kernel) for :func:`stall_limit` is killed by the engine's watchdog, and the
-same restore thaws what it froze, well within ``max_stall_ms``; the vCPUs
-it left frozen are counted as forced thaws. On shutdown the switcher releases
+switch or watch but stays silent and does not run (stopped, starved of
+CPU, stuck in the kernel) for :func:`stall_limit` is killed by the
+engine's watchdog, and the same restore thaws what it froze, well within
+``max_stall_ms``; the vCPUs it left frozen are counted as forced thaws. On shutdown the switcher releases
 everything, then the journal is replayed in full.
 """
 from __future__ import annotations
@@ -42,6 +42,7 @@ from cosched.actuators.sched import SchedAttr, SchedKnob, thread_start
 from cosched.engine import protocol as pr
 from cosched.histogram import Histogram
 from cosched.hostfs import HostFS
+from cosched.kernel import parse_schedstat
 from cosched.model import Snapshot
 from cosched.policy.plan import Plan, PlanConfig, plan
 
@@ -440,15 +441,31 @@ class Engine:
         if lived >= 1.0:                     # one that dies at once is not restarted in a loop
             self.resync()
 
+    def _ran_ns(self, proc) -> int | None:
+        """The switcher's CPU time so far (``/proc/PID/schedstat``); None if unreadable."""
+        try:
+            return parse_schedstat(self.fs.read_bytes(f"/proc/{proc.pid}/schedstat"))[0]
+        except (OSError, ValueError):
+            return None
+
     def _watch_switcher(self, proc) -> None:
-        """Kill the switcher if it stays silent while it has guests to
-        switch or watch; the reader thread then restores and restarts."""
+        """Kill the switcher if it stays silent while it has guests to switch
+        or watch and has not run meanwhile (stopped, starved, stuck); the
+        reader thread then restores and restarts. Its own CPU time tells a
+        stalled switcher from a daemon slow to read it (on a loaded host,
+        this daemon's threads can be held up too); where it cannot be read,
+        silence alone decides."""
         limit = stall_limit(self.max_stall_ms)
+        ran, ran_at = self._ran_ns(proc), time.monotonic()
         while proc.poll() is None and self._proc is proc:
             time.sleep(limit / 6)
+            now, ran_now = time.monotonic(), self._ran_ns(proc)
+            if ran_now != ran:
+                ran, ran_at = ran_now, now
             sent = self._sent
-            silent = time.monotonic() - self._heard
-            if sent is None or not sent.cells or silent < limit or proc.poll() is not None:
+            silent = now - self._heard
+            if (sent is None or not sent.cells or silent < limit or (ran is not None and now - ran_at < limit)
+                    or proc.poll() is not None):
                 continue
             frozen = sum(1 for e in list(self.journal.entries.values())
                          if e.get("kind") == "freeze" and (self.fs.read_or(e["path"]) or "").strip() == "1")
