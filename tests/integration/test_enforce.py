@@ -117,13 +117,15 @@ def alone(g, others) -> float:
             o.dom.resume()
 
 
-def wait_gang(daemon, members: int, switches: int = 20):
+def wait_gang(daemon, members: int | list[str], switches: int = 20, timeout: float = 20):
+    """Wait until one gang cell of ``members`` (a count, or the guests' names) has made ``switches``."""
     def ready():
         s = daemon.status()
         cells = s["daemon"]["engine"]["cells"]
-        return (cells and len(cells[0]["members"]) == members
+        return (cells and (len(cells[0]["members"]) == members if isinstance(members, int)
+                           else sorted(cells[0]["members"]) == sorted(members))
                 and s["daemon"]["engine"]["switches"].get("gang", 0) >= switches)
-    daemon.wait(ready, 20, f"a gang cell of {members} rotating")
+    daemon.wait(ready, timeout, f"a gang cell of {members} rotating")
 
 
 def overlap_sampler(stop: threading.Event, out: list):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 
 import grpc
@@ -17,6 +16,7 @@ from cosched import kubevirt
 from testbed import guests
 
 from .conftest import PREFIX, DaemonProcess
+from .test_enforce import wait_gang, watch_from_outside
 
 NOVA = (Path(__file__).parents[1] / "data" / "nova-instance.xml").read_text()
 
@@ -32,32 +32,15 @@ def nova_metadata(flavor: str, extra_spec: str | None = None) -> str:
     return element
 
 
-def frozen_seen(names: list[str], seconds: float) -> dict[str, int]:
-    """Per guest, how many samples found one of its vCPU cgroups frozen."""
-    cgs = {n: sorted(guests.vcpu_cgroups(n)["v2"]) for n in names}
-    assert all(cgs.values()), f"no vCPU cgroups found: {cgs}"
-    seen = dict.fromkeys(names, 0)
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        for n, files in cgs.items():
-            seen[n] += any(open(f"{cg}/cgroup.events").read().split()[-1] == "1" for cg in files)
-        time.sleep(0.002)
-    return seen
-
-
 def managed_in_turns(tmp_path, names: list[str], extra_config: str = "") -> dict[str, dict]:
     """Start a daemon, wait until ``names`` rotate in one gang cell, check from
     outside that each is frozen in turn, stop it; the guests' status entries."""
     daemon = DaemonProcess(tmp_path, extra_config=extra_config).start()
     try:
-        def rotating():
-            s = daemon.status()
-            cells = s["daemon"]["engine"]["cells"]
-            return (cells and sorted(cells[0]["members"]) == names
-                    and s["daemon"]["engine"]["switches"].get("gang", 0) >= 10)
-        daemon.wait(rotating, 30, f"{names} rotating in one gang cell")
-        seen = frozen_seen(names, 2.0)
-        assert all(seen.values()), f"a guest never frozen in its gang: {seen}"
+        wait_gang(daemon, names, switches=10, timeout=30)
+        seen = watch_from_outside(2.0, names)
+        assert set(seen) == {"samples", *names}, f"vCPU cgroups not found: {seen}"
+        assert all(seen[n]["frozen"] for n in names), f"a guest never frozen in its gang: {seen}"
         return {n: daemon.domain(n) for n in names}
     finally:
         assert daemon.stop() == 0, daemon.log.read_text()
