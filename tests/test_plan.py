@@ -128,6 +128,10 @@ def test_relaxed_thresholds_must_leave_a_gap():
     from cosched.policy.params import ParamError
     with pytest.raises(ParamError, match="costart-ms"):
         dom("a", kind="relaxed", costop_ms=3, costart_ms=3)
+    # only costop-ms given: it is the culprit, not the default costart-ms it clashes with
+    with pytest.raises(ParamError) as e:
+        dom("a", kind="relaxed", costop_ms=1)
+    assert e.value.param == "costop-ms" and "above costart-ms (2)" in str(e.value)
 
 
 def test_priority_stays_below_the_switcher():

@@ -132,5 +132,8 @@ def resolve(kind: str, base: dict[str, object], overrides: dict[str, object]) ->
                 raise ParamError(name, f"unknown parameter for policy {kind!r} (known: {known})")
             values[name] = schema[name].coerce(value)
     if kind == "relaxed" and values["costart-ms"] >= values["costop-ms"]:
-        raise ParamError("costart-ms", f"{values['costart-ms']} must be below costop-ms ({values['costop-ms']})")
+        # name the one the operator set: costop-ms=1 alone clashes with the default costart-ms
+        if "costart-ms" in overrides or "costop-ms" not in overrides:
+            raise ParamError("costart-ms", f"{values['costart-ms']} must be below costop-ms ({values['costop-ms']})")
+        raise ParamError("costop-ms", f"{values['costop-ms']} must be above costart-ms ({values['costart-ms']})")
     return tuple(sorted(values.items()))
