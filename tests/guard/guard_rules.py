@@ -20,6 +20,7 @@ import re
 import sys
 
 _VCPU = re.compile(r"^CPU \d+/(KVM|TCG)$")
+_LIBVIRT_CGROUP = re.compile(rb"/qemu-\d+-([^/]+)\.libvirt-qemu/")
 GUEST_PREFIX = b"cosched-"
 
 
@@ -44,6 +45,9 @@ def allowed(tid: int) -> str | None:
     # -name guest=NAME,... (libvirt) or -name NAME,... (Proxmox VE, hand-started)
     name = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == b"-name"), b"")
     name = name.split(b",")[0].removeprefix(b"guest=")
+    if not name:       # an exiting QEMU has no command line left; its libvirt cgroup still names it
+        m = _LIBVIRT_CGROUP.search(_read(f"/proc/{tid}/cgroup"))
+        name = m.group(1) if m else b""
     if not name.startswith(GUEST_PREFIX):
         return f"tid {tid} ({comm}) belongs to QEMU {tgid} ({name.decode(errors='replace') or '?'}), not a test guest"
     return None
