@@ -21,7 +21,10 @@ Each test records what it did and found (``tests/soak.py``) into
 ``DIR/figures.json``; each file's pytest output is kept in ``DIR/NAME.log``
 with its exit status. ``DIR/summary.md`` is the table: per part, cycles
 run, faults injected, leaks found (target 0), daemon exits (target 0).
-Default ``DIR``: ``benchmarks/results/soak-<time>``.
+Default ``DIR``: ``benchmarks/results/soak-<time>``. ``--parts fuzz,chaos``
+runs only those parts; into an existing ``DIR`` they replace that
+directory's figures and status for the same parts (each part's row says
+at which commit it ran).
 """
 from __future__ import annotations
 
@@ -45,8 +48,9 @@ def parts(args) -> list[tuple[str, list[str], dict]]:
 
 
 def summary(res: dict, figures: dict) -> str:
-    lines = ["# Fault suite, long form", "", f"`{res['command']}` at commit {res['commit']}, "
-             f"{res['minutes']:.0f} minutes, host: {res['cpus']} CPUs, kernel {res['kernel']}.", "",
+    commits = sorted({run[3] for run in res["runs"]})
+    lines = ["# Fault suite, long form", "", f"`{res['command']}`, {res['minutes']:.0f} minutes, at commit "
+             f"{', '.join(commits)}; host: {res['cpus']} CPUs, kernel {res['kernel']}.", "",
              "| part | cycles run | faults injected | leaks found | daemon exits | notes |",
              "|---|---|---|---|---|---|"]
     dash = "—"
@@ -58,9 +62,9 @@ def summary(res: dict, figures: dict) -> str:
     lines += [f"| **all** | {total['cycles']} | {total['faults']} | {total['leaks']} | {total['exits']} | |", "",
               "Faults injected: for fuzzed input, the inputs refused (each with an error naming its culprit); "
               "for the others, the kills, stops, restarts, policy changes or kernel errors made to happen.", "",
-              "| test file | pytest exit status |", "|---|---|"]
-    lines += [f"| {name} (`{' '.join(files)}`) | {status} |" for name, files, status in res["runs"]]
-    failed = [name for name, _, status in res["runs"] if status != 0]
+              "| test file | commit | pytest exit status |", "|---|---|---|"]
+    lines += [f"| {name} (`{' '.join(files)}`) | {commit} | {status} |" for name, files, status, commit in res["runs"]]
+    failed = [name for name, _, status, _ in res["runs"] if status != 0]
     lines += ["", "Every test passed." if not failed else f"Failed: {', '.join(failed)} (see NAME.log)."]
     return "\n".join(lines) + "\n"
 
@@ -71,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kills", type=int, default=100)
     ap.add_argument("--real-cycles", type=int, default=50)
     ap.add_argument("--cycles", type=int, default=1000)
+    ap.add_argument("--parts", default="fuzz,faults,chaos,synthetic", help="which parts to run (default: all)")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--report", type=Path, default=None, help="redraw DIR/summary.md from its results")
     args = ap.parse_args(argv)
@@ -82,21 +87,30 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or Path("benchmarks/results") / time.strftime("soak-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     figures_file = (out / "figures.json").resolve()
-    figures_file.unlink(missing_ok=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    res = {"command": " ".join(["python -m benchmarks.soak", *(argv if argv is not None else sys.argv[1:])]),
-           "commit": commit or "unknown", "cpus": len(os.sched_getaffinity(0)), "kernel": os.uname().release,
-           "runs": []}
+    command = " ".join(["python -m benchmarks.soak", *(argv if argv is not None else sys.argv[1:])])
+    chosen = [p for p in parts(args) if p[0] in args.parts.split(",")]
+    earlier = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else None
+    figures = json.loads(figures_file.read_text()) if earlier and figures_file.exists() else {}
+    if earlier:                                # the parts run again lose their earlier figures and status
+        for name, _, _ in chosen:
+            figures = {k: v for k, v in figures.items() if v.get("test_file") != name}
+    figures_file.write_text(json.dumps(figures))
+    res = {"command": command if not earlier else f"{earlier['command']}; {command}",
+           "cpus": len(os.sched_getaffinity(0)), "kernel": os.uname().release,
+           "runs": [r for r in (earlier or {}).get("runs", []) if r[0] not in {c[0] for c in chosen}],
+           "minutes": (earlier or {}).get("minutes", 0.0)}
     t0 = time.monotonic()
-    for name, files, env in parts(args):
+    for name, files, env in chosen:
         print(f"soak: {name} ...", flush=True)
         with open(out / f"{name}.log", "w") as log:
             status = subprocess.run([sys.executable, "-m", "pytest", "-q", *files], stdout=log,
                                     stderr=subprocess.STDOUT,
-                                    env={**os.environ, **env, "COSCHED_SOAK_OUT": str(figures_file)}).returncode
-        res["runs"].append((name, files, status))
+                                    env={**os.environ, **env, "COSCHED_SOAK_OUT": str(figures_file),
+                                         "COSCHED_SOAK_PART": name}).returncode
+        res["runs"].append((name, files, status, commit or "unknown"))
         print(f"soak: {name} exit {status}", flush=True)
-    res["minutes"] = (time.monotonic() - t0) / 60
+    res["minutes"] += (time.monotonic() - t0) / 60
     (out / "results.json").write_text(json.dumps(res, indent=1))
     figures = json.loads(figures_file.read_text()) if figures_file.exists() else {}
     text = summary(res, figures)

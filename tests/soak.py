@@ -22,7 +22,7 @@ FIGURES: dict[str, dict] = {}
 
 def record(part: str, **figures) -> None:
     """Add these figures to ``part`` (numbers add up over calls; text is kept last)."""
-    mine = FIGURES.setdefault(part, {})
+    mine = FIGURES.setdefault(part, {"test_file": os.environ.get("COSCHED_SOAK_PART", "")})
     for k, v in figures.items():
         mine[k] = mine.get(k, 0) + v if isinstance(v, (int, float)) and not isinstance(v, bool) else v
 
