@@ -191,6 +191,11 @@ def test_the_guard_refuses_a_thread_that_is_not_a_test_guest(tmp_path, monkeypat
                           "set_attr(1, SchedAttr('other'))"], capture_output=True, text=True)
     assert out.returncode != 0 and "test guard" in out.stderr
     assert log.read_text().count("refused") == 3
+    # a thread that no longer exists: the kernel answers (ESRCH), nothing is reached
+    gone = int(open("/proc/sys/kernel/pid_max").read()) - 1
+    with pytest.raises(ProcessLookupError):
+        os.sched_setscheduler(gone, os.SCHED_OTHER, os.sched_param(0))
+    assert log.read_text().count("refused") == 3
 
 
 def test_a_write_that_does_not_take_is_reported_and_kept(fake, fs, tmp_path):

@@ -20,7 +20,8 @@ import re
 import sys
 
 _VCPU = re.compile(r"^CPU \d+/(KVM|TCG)$")
-_LIBVIRT_CGROUP = re.compile(rb"/qemu-\d+-([^/]+)\.libvirt-qemu/")
+# /machine/qemu-ID-NAME.libvirt-qemu/ or /machine.slice/machine-qemu\x2dID\x2dNAME.scope/
+_LIBVIRT_CGROUP = re.compile(rb"/(?:qemu-\d+-([^/]+)\.libvirt-qemu|machine-qemu\\x2d\d+\\x2d([^/]+)\.scope)/")
 GUEST_PREFIX = b"cosched-"
 
 
@@ -37,17 +38,21 @@ def allowed(tid: int) -> str | None:
     if tid == 0 or tid == os.getpid() or os.path.exists(f"/proc/{os.getpid()}/task/{tid}"):
         return None                                   # the caller itself (the switcher raising itself)
     comm = _read(f"/proc/{tid}/comm").decode(errors="replace").strip()
+    if not comm and not os.path.exists(f"/proc/{tid}"):
+        return None                                   # gone: the call can only fail (ESRCH)
     if not _VCPU.match(comm):
         return f"tid {tid} ({comm or 'no such thread'}) is not a vCPU thread"
     tgid = next((line.split()[1] for line in _read(f"/proc/{tid}/status").decode().splitlines()
                  if line.startswith("Tgid:")), "")
+    if not tgid and not os.path.exists(f"/proc/{tid}"):
+        return None                                   # exited since its name was read
     args = _read(f"/proc/{tgid}/cmdline").split(b"\0")
     # -name guest=NAME,... (libvirt) or -name NAME,... (Proxmox VE, hand-started)
     name = next((args[i + 1] for i, a in enumerate(args[:-1]) if a == b"-name"), b"")
     name = name.split(b",")[0].removeprefix(b"guest=")
     if not name:       # an exiting QEMU has no command line left; its libvirt cgroup still names it
         m = _LIBVIRT_CGROUP.search(_read(f"/proc/{tid}/cgroup"))
-        name = m.group(1) if m else b""
+        name = (m.group(1) or m.group(2)).replace(b"\\x2d", b"-") if m else b""
     if not name.startswith(GUEST_PREFIX):
         return f"tid {tid} ({comm}) belongs to QEMU {tgid} ({name.decode(errors='replace') or '?'}), not a test guest"
     return None
