@@ -49,8 +49,9 @@ def parts(args) -> list[tuple[str, list[str], dict]]:
 
 def summary(res: dict, figures: dict) -> str:
     commits = sorted({run[3] for run in res["runs"]})
-    lines = ["# Fault suite, long form", "", f"`{res['command']}`, {res['minutes']:.0f} minutes, at commit "
-             f"{', '.join(commits)}; host: {res['cpus']} CPUs, kernel {res['kernel']}.", "",
+    lines = ["# Fault suite, long form", "", f"`{res['command']}`: {res['minutes']:.0f} minutes of runs in all "
+             f"(parts run again included), at commit {', '.join(commits)}; host: {res['cpus']} CPUs, "
+             f"kernel {res['kernel']}.", "",
              "| part | cycles run | faults injected | leaks found | daemon exits | notes |",
              "|---|---|---|---|---|---|"]
     dash = "—"
