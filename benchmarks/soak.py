@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     text = summary(res, figures)
     (out / "summary.md").write_text(text)
     print("\n" + text + f"\nwritten to {out}/")
-    return 0 if all(status == 0 for _, _, status in res["runs"]) else 1
+    return 0 if all(run[2] == 0 for run in res["runs"]) else 1
 
 
 if __name__ == "__main__":
