@@ -86,7 +86,7 @@ MIXED = {3: ("blocking", "barrier", "pingpong"), 4: ("blocking", "barrier", "pin
 PHASE_MS = 20000
 REPORT_MS = 100           # guests print a result line this often
 MIN_COVERAGE = 0.9        # a run is valid when each guest's lines span 90% of its interval
-SKEW_WINDOW = 0.010       # the daemon's default sampling interval
+SKEW_WINDOW = 0.010       # the daemon's default sampling interval (its period, unless stretched)
 
 
 # -- reading the daemon ------------------------------------------------------
@@ -295,8 +295,9 @@ def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: f
         n_skew = d1.get("count", 0) - d0.get("count", 0)
         w["hazard"] = (d1.get("hazard", 0) - d0.get("hazard", 0)) / observed if observed > 0 else None
         w["skew_mean_ms"] = 1000 * (d1.get("sum", 0) - d0.get("sum", 0)) / n_skew if n_skew > 0 else None
-        if tracer:
-            w["trace"] = truth_figures(tracer.events, tids[g.name], t0, t1, silent_states(p0, p1, t1 - t0))
+        if tracer:       # skew over windows as long as cosched's were (its period stretches on a busy host)
+            width = observed / n_skew if observed > 0 and n_skew > 0 else SKEW_WINDOW
+            w["trace"] = truth_figures(tracer.events, tids[g.name], t0, t1, silent_states(p0, p1, t1 - t0), width)
         per_guest[g.name] = w
     lat = [(s0["hist"].get(k, []), s1["hist"].get(k, [])) for k in
            ("cosched_switch_latency_seconds_bucket", "cosched_slot_lateness_seconds_bucket")]
@@ -412,14 +413,15 @@ def silent_states(before: dict, after: dict, span: float) -> dict[int, str]:
     return out
 
 
-def truth_figures(events, tids: set[int], t0: float, t1: float, silent: dict[int, str]) -> dict:
-    """Exact hazard fraction and mean window skew of one guest from a trace,
+def truth_figures(events, tids: set[int], t0: float, t1: float, silent: dict[int, str],
+                  width: float = SKEW_WINDOW) -> dict:
+    """Exact hazard fraction and mean skew over windows of ``width`` seconds of one guest from a trace,
     and ``reconstructed``: the share of its threads' time over the interval
     whose state no event showed (implied by a later event, or read from
     /proc for a thread with none)."""
     lines = timelines(events, states_at(events, tids, t0, silent), t0, t1, frozen_at(events, tids, t0))
     f = trace_figures(lines)
-    skews = window_skews(lines, t0, t1, SKEW_WINDOW)
+    skews = window_skews(lines, t0, t1, width)
     span = t1 - t0
     return {"hazard": f["hazard"] / span, "partial": f["partial"] / span,
             **{k: {t: v / span for t, v in f[k].items()} for k in ("run", "wait", "frozen")},

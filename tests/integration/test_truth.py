@@ -5,7 +5,9 @@ lag is its wait, or its frozen time under gang) run under the host scheduler
 and then under ``gang``. Over the same interval the kernel's
 ``sched_switch``/``sched_wakeup`` events of their vCPU threads are recorded
 (:mod:`benchmarks.trace`), each thread's timeline rebuilt, and the exact
-hazard fraction and mean 10 ms window skew computed
+hazard fraction and mean window skew computed, over windows as long as
+cosched's sampling periods were (10 ms, or longer where the daemon
+stretched its period to keep within its CPU budget)
 (:mod:`benchmarks.stats`); cosched's figures come from its ``/metrics``, as
 an operator's Prometheus sees them. Per guest, hazard must agree within 5
 points and mean skew within 1 ms (over three runs of this test on the 2-CPU
