@@ -9,10 +9,9 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE / "guard"))
 
-from fakehost import FakeHost  # noqa: E402
+from fakehost import CgroupEventsFS, FakeHost  # noqa: E402
 from guard_rules import install  # noqa: E402
 
-from cosched.hostfs import HostFS  # noqa: E402
 
 # The scheduling guard (tests/guard): in this process, and in every Python
 # process a test starts (daemons, switchers, the CLI) through sitecustomize.
@@ -40,7 +39,9 @@ def fake(tmp_path):
 
 @pytest.fixture
 def fs(fake):
-    return HostFS(fake.root)
+    """The fake host, read and written as the daemon does; ``cgroup.events``
+    follows ``cgroup.freeze`` as the kernel's does."""
+    return CgroupEventsFS(fake.root)
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -11,7 +11,6 @@ from cosched.discovery.libvirt import DomainFacts
 from cosched.engine import Engine
 from cosched.policy.presets import Presets
 
-# long slots: the fake tree's cgroup.events never says "frozen", so every switch waits out its 50 ms bound
 GANG = """<domain><metadata><cosched:policy xmlns:cosched="urn:cosched:libvirt:1" name="gang" quantum-ms="200"/>
 </metadata></domain>"""
 UUIDS = ["11111111-0000-0000-0000-00000000000" + str(i) for i in range(3)]
@@ -199,6 +198,7 @@ def test_a_silent_switcher_is_killed_and_what_it_froze_is_thawed(fake, fs, tmp_p
         first.switcher.tick = lambda: released.wait()     # stuck: no slot changes, no reports
         kill = first.kill
         first.kill = lambda: (released.set(), kill())
+        time.sleep(0.1)                                   # a slot change under way when it stuck completes
         frozen = [(i, v) for i in range(2) for v in range(2) if freeze_file(fake, i, v).read_text() == "1"]
         assert len(frozen) == 2, frozen                   # one guest's two vCPUs
         assert asked.wait(stall_limit(400) + 5), "the stalled switcher was not replaced"

@@ -25,7 +25,9 @@ wait until ``cgroup.events`` says they are frozen (so two guests of a cell
 never run at once), thaw B's; then return A to its normal policy and boost B.
 The switch latency is measured from the first freeze write to the last thaw
 write. A guest frozen longer than ``max_stall_ms`` (the switcher was late, or
-a plan was inconsistent) is force-thawed and counted.
+a plan was inconsistent) is force-thawed and counted, and so is an outgoing
+guest with a vCPU that does not reach ``frozen 1`` within 50 ms (a quarter of
+``max_stall_ms`` if shorter): it is not held half-frozen.
 
 Watched guests (``boost``, ``relaxed``) are polled every ``WATCH_POLL_NS`` (0.5 ms):
 each vCPU thread's state and host CPU (``/proc/TID/stat``) and run time and
@@ -62,6 +64,7 @@ STATS_EVERY_NS = int(pr.STATS_EVERY_S * 1e9)
 IDLE_STATS_EVERY_NS = int(pr.IDLE_STATS_EVERY_S * 1e9)
 WATCH_POLL_NS = 500_000      # 1 ms co-ran siblings measurably less often (barrier guests, 2-CPU host)
 BOOST_MARGIN_NS = 2_000_000
+FREEZE_WAIT_S = 0.05         # a TCG vCPU freezes in about 0.1 ms; 64 spinning ones on 2 CPUs in under 4 ms
 
 
 def boost_attr(boost_ms: float) -> SchedAttr:
@@ -452,13 +455,13 @@ class Switcher:
                 self._freeze(k, True, t0)
             files = [self.vinfo[k][1].freeze for k in outgoing if self.vstate[k].frozen]
             t_written = self.clock()
-            late = self.freezer.wait(files, True)
+            late = set(self.freezer.wait(files, True, timeout=self._freeze_wait_s()))
             t_waited = self.clock()
             if t_waited - t0 > 5_000_000:
                 log.warning("cell=%s action=slow-freeze write_ms=%.2f wait_ms=%.2f", cell.id,
                             (t_written - t0) / 1e6, (t_waited - t_written) / 1e6)
             if late:
-                self._error(f"cell {cell.id}: {len(late)} vCPU cgroup(s) not frozen within 50 ms")
+                self._thaw_unfreezable(cell, late, t_waited)
         else:
             for m in cell.members:
                 for k in m.keys():
@@ -482,6 +485,29 @@ class Switcher:
             self.counters.latency_ns.append(t1 - t0)
             self.counters.switches[cell.id] = self.counters.switches.get(cell.id, 0) + 1
             cell.deadline += slot_ns
+
+    def _freeze_wait_s(self) -> float:
+        """How long a slot change waits for ``frozen 1``: 50 ms, or a quarter
+        of ``max_stall_ms`` if that is shorter."""
+        return min(FREEZE_WAIT_S, self.max_stall_ns / 4e9)
+
+    def _thaw_unfreezable(self, cell: CellState, late: set[str], now: int) -> None:
+        """Force-thaw each outgoing guest with a vCPU cgroup that did not reach
+        ``frozen 1`` in time (a thread stuck in the kernel does not trap):
+        the rest of it would stay frozen while that vCPU runs alone, the very
+        hazard co-scheduling prevents. It runs beside the incoming guest
+        until its own slot, where it is tried again; each vCPU thawed out of
+        turn counts as a forced thaw."""
+        for i, m in enumerate(cell.members):
+            stuck = [k for k in m.keys() if self.vinfo[k][1].freeze in late]
+            if i == cell.active or not stuck:
+                continue
+            thawed = [k for k in m.keys() if self.vstate[k].frozen]
+            for k in thawed:
+                self._freeze(k, False, now)
+            self.counters.forced_thaws += len(thawed)
+            self._error(f"domain={m.plan.name} vcpu={','.join(str(k[1]) for k in stuck)} not frozen within "
+                        f"{self._freeze_wait_s() * 1000:g} ms: guest force-thawed for this slot")
 
     def tick(self) -> int | None:
         """Perform every due slot change; return the next deadline (or None)."""
