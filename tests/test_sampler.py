@@ -158,6 +158,24 @@ def test_sampler_sees_a_wait_schedstat_has_not_credited(fake, fs):
     s.step(now_ns=10_000_000)
     view = s.view()[UUID]
     assert view.hazard == pytest.approx(0.01)
+    assert view.vcpus[1].wait == pytest.approx(0.01)     # and its wait so far, before the kernel credits it
+
+
+def test_a_starved_vcpus_wait_counts_as_it_happens_and_once(fake, fs):
+    """A vCPU the host leaves queued for a second: its wait grows window by
+    window (``auto`` must not read it as idle), and the kernel's credit, when
+    the wait ends, does not count it again."""
+    snap = make_snapshot(fake, fs, {0: 101, 1: 102})
+    fake.stat(100, 102, "CPU 1/TCG", state="R", cpu=1)
+    s = Sampler(fs, 0.01, lambda: snap)
+    s.step(now_ns=0)
+    for k in range(1, 101):
+        fake.schedstat(100, 101, k * 10_000_000, 0)
+        s.step(now_ns=k * 10_000_000)
+        assert s.view()[UUID].vcpus[1].wait == pytest.approx(k * 0.01)
+    fake.schedstat(100, 102, 1_000_000, 1_000_000_000)  # it ran at last: the kernel credits the whole second
+    s.step(now_ns=1_010_000_000)
+    assert [v.wait for v in s.view()[UUID].vcpus] == [0.0, pytest.approx(1.0)]
 
 
 def test_vanished_thread_requests_resync(fake, fs):

@@ -68,6 +68,12 @@ class DomainStats:
 
 @dataclass(frozen=True)
 class VcpuView:
+    """One vCPU's cumulative seconds. ``wait`` is the kernel's credit plus a
+    wait still in progress (seen as the thread staying runnable without
+    running, see :mod:`cosched.sampler.estimate`): the kernel credits a wait
+    only when it ends, and a vCPU the host scheduler starves for seconds
+    would otherwise look idle all that time, to ``auto`` as to a graph."""
+
     index: int
     tid: int
     run: float
@@ -273,7 +279,8 @@ class Sampler:
                 uuid: DomainView(
                     uuid=uuid,
                     name=d.name,
-                    vcpus=tuple(VcpuView(i, v.tid, v.run_ns / 1e9, v.wait_ns / 1e9) for i, v in sorted(d.vcpus.items())),
+                    vcpus=tuple(VcpuView(i, v.tid, v.run_ns / 1e9, v.wait_ns / 1e9 + v.carry.advance)
+                                for i, v in sorted(d.vcpus.items())),
                     hazard=d.hazard,
                     partial=d.partial,
                     observed=d.observed,
