@@ -158,23 +158,32 @@ def test_auto_turns_cumulative_figures_into_windows_and_plans_the_mode():
     assert explained["last_window"]["wait"] == pytest.approx(1.1)
 
 
-def test_auto_measures_each_vcpu_so_a_lopsided_guest_is_not_ganged():
+def two_vcpus_under_auto(vcpu_views, seconds=12) -> dict:
+    """One 2-vCPU guest under auto fed ``vcpu_views(t)`` each second; what ``explain`` says then."""
     host = Host(cpus=(0, 1), core_of={0: (0, 0), 1: (0, 1)}, node_of={0: 0, 1: 0}, cgroup="hybrid",
                 cgroup2_mount="/sys/fs/cgroup/unified")
     spec = PolicySpec("auto", "auto", resolve("auto", {}, {}), "annotation")
     vcpus = tuple(Vcpu(i, 10 + i, f"/m/g/vcpu{i}", start_time=1) for i in range(2))
     snap = Snapshot(host, (Domain("g", "u", 1, vcpus, spec),))
     auto = Auto()
+    for t in range(seconds):
+        auto.step(float(t), snap, {"u": DomainView("u", "g", vcpu_views(t), hazard=0.0, partial=0.0,
+                                                   observed=float(t), skew_buckets=(), skew_sum=0.0,
+                                                   skew_count=0, last_skew=0.0)}, {}, pool_cpus=2)
+    return auto.chooser.explain("u")
 
-    def view(t):                                # vCPU 0 busy and waiting half the time, vCPU 1 idle
-        return {"u": DomainView("u", "g", (VcpuView(0, 10, 0.5 * t, 0.5 * t), VcpuView(1, 11, 0.0, 0.0)),
-                                hazard=0.0, partial=0.0, observed=float(t), skew_buckets=(), skew_sum=0.0,
-                                skew_count=0, last_skew=0.0)}
-    for t in range(12):
-        auto.step(float(t), snap, view(t), {}, pool_cpus=2)
-    explained = auto.chooser.explain("u")
+
+def test_auto_measures_each_vcpu_so_a_lopsided_guest_is_not_ganged():
+    # vCPU 0 busy and waiting half the time, vCPU 1 idle
+    explained = two_vcpus_under_auto(lambda t: (VcpuView(0, 10, 0.5 * t, 0.5 * t), VcpuView(1, 11, 0.0, 0.0)))
     assert explained["mode"] == "relaxed" and explained["last_window"]["spread"] == pytest.approx(1.0)
     assert explained["signals"]["idleness"] == pytest.approx(0.5)
+
+
+def test_a_vcpu_the_host_starves_counts_as_waiting_not_idle():
+    # vCPU 0 runs all the time; vCPU 1 stays queued, a wait the kernel credits only when it ends
+    explained = two_vcpus_under_auto(lambda t: (VcpuView(0, 10, 1.0 * t, 0.0), VcpuView(1, 11, 0.0, 0.0, 1.0 * t)))
+    assert explained["mode"] == "gang" and explained["last_window"]["idle"] == pytest.approx(0.0)
 
 
 def test_explain_prints_every_signal_and_the_scores():

@@ -92,6 +92,17 @@ def test_runnable_thread_that_ran_is_not_taken_for_waiting():
     assert carry.advance == 0
 
 
+def test_run_time_credited_late_drops_the_wait_it_was_taken_for():
+    """On a tickless CPU a lone running thread's run time is credited late: it
+    looks queued. When the run credit comes without a wait credit, the
+    advance was no wait and is not kept as one."""
+    carry = VcpuCarry()
+    assert place(carry, 0, 0, 10 * MS, waiting=True) == (0, pytest.approx(10 * MS))
+    assert place(carry, 0, 0, 10 * MS, waiting=True) == (0, pytest.approx(10 * MS))
+    place(carry, 30 * MS, 0, 10 * MS, waiting=True)
+    assert carry.advance == 0
+
+
 def test_siblings_on_one_cpu_alternate_so_one_always_waits():
     halves = [(5 * MS, 5 * MS), (5 * MS, 5 * MS)]
     assert estimate(10 * MS, halves, cpus=[0, 0]).hazard == pytest.approx(10 * MS)
@@ -158,13 +169,13 @@ def test_sampler_sees_a_wait_schedstat_has_not_credited(fake, fs):
     s.step(now_ns=10_000_000)
     view = s.view()[UUID]
     assert view.hazard == pytest.approx(0.01)
-    assert view.vcpus[1].wait == pytest.approx(0.01)     # and its wait so far, before the kernel credits it
+    assert (view.vcpus[1].wait, view.vcpus[1].waiting) == (0.0, pytest.approx(0.01))   # not credited yet
 
 
 def test_a_starved_vcpus_wait_counts_as_it_happens_and_once(fake, fs):
-    """A vCPU the host leaves queued for a second: its wait grows window by
-    window (``auto`` must not read it as idle), and the kernel's credit, when
-    the wait ends, does not count it again."""
+    """A vCPU the host leaves queued for a second: its wait in progress grows
+    window by window (``auto`` must not read it as idle), and the kernel's
+    credit, when the wait ends, takes its place."""
     snap = make_snapshot(fake, fs, {0: 101, 1: 102})
     fake.stat(100, 102, "CPU 1/TCG", state="R", cpu=1)
     s = Sampler(fs, 0.01, lambda: snap)
@@ -172,10 +183,11 @@ def test_a_starved_vcpus_wait_counts_as_it_happens_and_once(fake, fs):
     for k in range(1, 101):
         fake.schedstat(100, 101, k * 10_000_000, 0)
         s.step(now_ns=k * 10_000_000)
-        assert s.view()[UUID].vcpus[1].wait == pytest.approx(k * 0.01)
+        v = s.view()[UUID].vcpus[1]
+        assert (v.wait, v.waiting) == (0.0, pytest.approx(k * 0.01))
     fake.schedstat(100, 102, 1_000_000, 1_000_000_000)  # it ran at last: the kernel credits the whole second
     s.step(now_ns=1_010_000_000)
-    assert [v.wait for v in s.view()[UUID].vcpus] == [0.0, pytest.approx(1.0)]
+    assert [(v.wait, v.waiting) for v in s.view()[UUID].vcpus] == [(0.0, 0.0), (pytest.approx(1.0), 0.0)]
 
 
 def test_vanished_thread_requests_resync(fake, fs):

@@ -247,7 +247,7 @@ class Auto:
             if v is None or not v.vcpus:
                 continue
             totals = (v.observed, v.hazard,
-                      {x.index: (x.run, x.wait, costop.get((d.uuid, x.index), 0.0)) for x in v.vcpus})
+                      {x.index: (x.run, x.wait + x.waiting, costop.get((d.uuid, x.index), 0.0)) for x in v.vcpus})
             before, self._totals[d.uuid] = self._totals.get(d.uuid), totals
             if before is None:
                 continue

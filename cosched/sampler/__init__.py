@@ -68,16 +68,18 @@ class DomainStats:
 
 @dataclass(frozen=True)
 class VcpuView:
-    """One vCPU's cumulative seconds. ``wait`` is the kernel's credit plus a
-    wait still in progress (seen as the thread staying runnable without
-    running, see :mod:`cosched.sampler.estimate`): the kernel credits a wait
-    only when it ends, and a vCPU the host scheduler starves for seconds
-    would otherwise look idle all that time, to ``auto`` as to a graph."""
+    """One vCPU's cumulative seconds, as the kernel credits them (``run``,
+    ``wait``), and ``waiting``: a wait in progress that the kernel has not
+    credited yet (the thread stayed runnable without running, see
+    :mod:`cosched.sampler.estimate`). The kernel credits a wait only when it
+    ends, so a vCPU the host scheduler starves for seconds looks idle by
+    ``wait`` alone; ``auto`` counts ``wait + waiting``."""
 
     index: int
     tid: int
     run: float
     wait: float
+    waiting: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -279,7 +281,7 @@ class Sampler:
                 uuid: DomainView(
                     uuid=uuid,
                     name=d.name,
-                    vcpus=tuple(VcpuView(i, v.tid, v.run_ns / 1e9, v.wait_ns / 1e9 + v.carry.advance)
+                    vcpus=tuple(VcpuView(i, v.tid, v.run_ns / 1e9, v.wait_ns / 1e9, v.carry.advance)
                                 for i, v in sorted(d.vcpus.items())),
                     hazard=d.hazard,
                     partial=d.partial,

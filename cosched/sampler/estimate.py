@@ -20,7 +20,8 @@ Per vCPU and window
     runnable (``R``) at both ends of a window in which it got no CPU time
     waited for the whole window. That wait is placed at once, as an
     *advance* that the kernel's later credit pays off instead of placing it
-    again.
+    again. The credit comes when the thread is switched in, before it runs,
+    so once it has run, an unpaid advance was no wait and is dropped.
     ``idle = dt - r - w``: blocked or halted.
 
 Skew (``cosched_domain_skew_seconds``)
@@ -103,6 +104,11 @@ def place(carry: VcpuCarry, d_run: float, d_wait: float, dt: float, waiting: boo
     if waiting and d_run <= 0 and r == 0:
         carry.advance = min(carry.advance + dt - w, ADVANCE_LIMIT)
         w = dt
+    elif d_run > 0:
+        # it ran: a real wait was credited when it was switched in, so what
+        # is left unpaid was no wait but run time not credited yet (a CPU
+        # without ticks, nohz_full, credits a lone running thread late)
+        carry.advance = 0.0
     return r, w
 
 
