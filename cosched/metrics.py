@@ -142,7 +142,7 @@ class CoschedCollector:
         lateness = HistogramMetricFamily(
             "cosched_slot_lateness_seconds", "How late each slot change started after its deadline",
             buckets=s.lateness.buckets(), sum_value=s.lateness.total)
-        forced = CounterMetricFamily("cosched_forced_thaws", "vCPUs thawed out of turn: held up to max_stall_ms, left by a stalled switcher, or not frozen in time")
+        forced = CounterMetricFamily("cosched_forced_thaws", "vCPUs thawed out of turn: held up to max_stall_ms, or left frozen by a stalled switcher")
         forced.add_metric([], s.forced_thaws)
         yield from (switches, latency, lateness, forced)
 
