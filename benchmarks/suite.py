@@ -63,10 +63,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from pathlib import Path
 
-import libvirt
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -238,22 +237,6 @@ def modes_now(daemon: DaemonProcess, gs: list[guests.Guest]) -> dict[str, str | 
 
 
 # -- one measurement -----------------------------------------------------------
-@contextmanager
-def paused(gs: list[guests.Guest]):
-    """Guests paused by libvirt (their clocks stand still), resumed on exit."""
-    for g in gs:
-        g.dom.suspend()
-    try:
-        yield
-    finally:
-        for g in gs:
-            try:
-                if g.dom.info()[0] == libvirt.VIR_DOMAIN_PAUSED:
-                    g.dom.resume()
-            except libvirt.libvirtError:
-                pass
-
-
 def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: float, truth: bool) -> dict:
     """Measure ``gs`` for ``seconds`` under ``mode`` (already applied)."""
     tids, pids = {}, {}
@@ -273,7 +256,7 @@ def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: f
         first = {g.name: len(g.results()) for g in gs}        # counted after t0: printed inside
         if mode == "batch":
             last = {}
-            with paused(gs):
+            with guests.paused(gs):
                 for g in gs:
                     first[g.name], last[g.name], turns[g.name] = batch_turn(g, seconds / len(gs))
         else:
@@ -452,7 +435,7 @@ def boot(name: str, workload: str, vcpus: int, img) -> guests.Guest:
 def boot_set(workloads: list[str], vcpus: int, img) -> list[guests.Guest]:
     """Boot one guest per workload, each with the running ones paused."""
     gs: list[guests.Guest] = []
-    with paused(gs):
+    with guests.paused(gs):
         for wl in workloads:
             gs.append(boot(f"{PREFIX}{len(gs)}", wl, vcpus, img))
     return gs
@@ -470,7 +453,7 @@ def run_mixed(args, daemon, img, progress, runs) -> None:
             alone = {}
             for g in gs:
                 for attempt in range(1 + args.retries):
-                    with paused([o for o in gs if o is not g]):
+                    with guests.paused([o for o in gs if o is not g]):
                         r = measure(daemon, [g], "alone", args.seconds, False)
                     if r["valid"]:
                         break
@@ -551,7 +534,7 @@ def run(args) -> dict:
         for wl in args.workloads:
             gs: list[guests.Guest] = []
             for n in counts:
-                with paused(gs):            # busy guests under CFS can starve a booting one
+                with guests.paused(gs):            # busy guests under CFS can starve a booting one
                     while len(gs) < n:
                         gs.append(boot(f"{PREFIX}{len(gs)}", wl, args.vcpus, img))
                 daemon.wait(lambda: all(daemon.domain(g.name) for g in gs), 10, "guests observed")
@@ -561,7 +544,7 @@ def run(args) -> dict:
                         notes = apply_mode(daemon, gs, "cfs" if mode == "alone" else mode, args.settle)
                         for attempt in range(1 + args.retries):   # an invalid run is measured again
                             if mode == "alone":         # the ideal, measured next to what it normalises
-                                with paused(gs[1:]):
+                                with guests.paused(gs[1:]):
                                     r = measure(daemon, gs[:1], mode, args.seconds, args.truth)
                             else:
                                 r = measure(daemon, gs, mode, args.seconds, args.truth)

@@ -87,9 +87,11 @@ def main() -> int:
         first = guests.start(PREFIX + "1", workload="barrier", image=img)
         first.wait_for("cosched-result")
         alone = show("one busy 2-vCPU guest alone (the ideal)", [first], args.seconds)
-        gs = [first] + [guests.start(PREFIX + str(i), workload="barrier", image=img) for i in (2, 3)]
-        for g in gs:
-            g.wait_for("cosched-result")
+        gs = [first]
+        for i in (2, 3):
+            with guests.paused(list(gs)):
+                gs.append(guests.start(PREFIX + str(i), workload="barrier", image=img))
+                gs[-1].wait_for("cosched-result")
         crowded = show("three busy 2-vCPU guests, observed only (the host's own scheduler)", gs, args.seconds)
         for g in gs:
             subprocess.run(["virsh", "-c", guests.URI, "metadata", g.name, "--uri", guests.NAMESPACE, "--key", "cosched",
@@ -97,12 +99,9 @@ def main() -> int:
         print("\nset <cosched:policy name=\"gang\"/> on the three guests with `virsh metadata --live`")
         time.sleep(2)
         gang = show("the same three guests under gang co-scheduling", gs, args.seconds)
-        for g in gs:
-            g.dom.suspend()                     # a busy host can starve a booting guest
-        sleeper = guests.start(PREFIX + "sleeper", workload="blocking", image=img)
-        sleeper.wait_for("cosched-result")
-        for g in gs:
-            g.dom.resume()
+        with guests.paused(gs):
+            sleeper = guests.start(PREFIX + "sleeper", workload="blocking", image=img)
+            sleeper.wait_for("cosched-result")
         mixed = gs + [sleeper]
         for g in mixed:
             subprocess.run(["virsh", "-c", guests.URI, "metadata", g.name, "--uri", guests.NAMESPACE, "--key", "cosched",

@@ -16,6 +16,7 @@ import os
 import re
 import struct
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from string import Template
@@ -205,6 +206,24 @@ def start(name: str, **kw) -> Guest:
     log.unlink(missing_ok=True)
     connection().createXML(domain_xml(name, console_log=log, **kw), 0)
     return Guest(name, log)
+
+
+@contextmanager
+def paused(gs: list[Guest]):
+    """Guests paused by libvirt (their clocks stand still), resumed on exit. Boot a
+    guest with the busy ones paused: on a 2-CPU host busy guests under the host
+    scheduler can starve a booting one past any timeout."""
+    for g in gs:
+        g.dom.suspend()
+    try:
+        yield
+    finally:
+        for g in gs:
+            try:
+                if g.dom.info()[0] == libvirt.VIR_DOMAIN_PAUSED:
+                    g.dom.resume()
+            except libvirt.libvirtError:
+                pass
 
 
 def destroy_all(prefix: str) -> None:

@@ -56,14 +56,10 @@ SLACK = 0.05             # the sampler's own lateness on a busy 2-CPU host
 def busy(libvirtd, guest_image):
     started = []
     try:
-        for name in NAMES:                         # each boots with the others paused
-            for g in started:
-                g.dom.suspend()
-            g = guests.start(name, workload="barrier", image=guest_image)
-            started.append(g)
-            g.wait_for("cosched-result")
-            for o in started[:-1]:
-                o.dom.resume()
+        for name in NAMES:
+            with guests.paused(list(started)):
+                started.append(guests.start(name, workload="barrier", image=guest_image))
+                started[-1].wait_for("cosched-result")
         yield started
     finally:
         for g in started:

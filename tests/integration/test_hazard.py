@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import time
 
+from testbed import guests
+
 WINDOW = 6.0
 RUNS = 0.10        # a guest "gets to run" when its vCPUs ran >= 10% of the window
 
@@ -39,9 +41,11 @@ def test_hazard_high_when_overcommitted_low_alone(daemon, start_guest):
     alone, alone_run = measure(daemon, [a.name], WINDOW)[a.name]
     assert alone_run > 0.5, f"a guest alone on the host should run most of the time, ran {alone_run:.2f}"
 
-    others = [start_guest(f"hazard-{s}", workload="barrier") for s in "bc"]
-    for g in others:
-        g.wait_for("cosched-result")
+    others = []
+    for s in "bc":
+        with guests.paused([a, *others]):
+            others.append(start_guest(f"hazard-{s}", workload="barrier"))
+            others[-1].wait_for("cosched-result")
     names = [a.name] + [g.name for g in others]
     daemon.wait(lambda: all(daemon.domain(n) for n in names), 3, "all guests observed")
     crowded = measure(daemon, names, WINDOW)

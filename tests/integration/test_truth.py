@@ -19,6 +19,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import suite
+from testbed import guests
 
 from .conftest import PREFIX
 
@@ -30,7 +31,7 @@ def barrier_trio(libvirtd, guest_image):
     gs = []
     try:
         for i in range(3):
-            with suite.paused(gs):          # busy guests under the host scheduler can starve a booting one
+            with guests.paused(gs):
                 gs.append(suite.boot(f"{PREFIX}truth-{i}", "barrier", 2, guest_image))
         yield gs
     finally:
