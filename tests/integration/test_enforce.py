@@ -365,16 +365,10 @@ def sleepers(trio, guest_image):
     """Two 2-vCPU guests whose vCPUs sleep between short chunks (booted with the trio paused)."""
     gs, _ = trio
     started = []
-    for g in gs:
-        g.dom.suspend()
-    try:
+    with guests.paused(gs):
         for name in (PREFIX + "sleep-a", PREFIX + "sleep-b"):
-            g = guests.start(name, workload="blocking", image=guest_image)
-            started.append(g)
-            g.wait_for("cosched-result")
-    finally:
-        for g in gs:
-            g.dom.resume()
+            started.append(guests.start(name, workload="blocking", image=guest_image))
+            started[-1].wait_for("cosched-result")
     yield started
     for g in started:
         g.destroy()
