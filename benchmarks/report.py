@@ -77,6 +77,7 @@ def aggregate(res: dict) -> dict:
             "skew_ms": _mean([g["skew_mean_ms"] for g in gs]),
             "trace_skew_ms": _mean([g["trace"]["skew_mean_ms"] for g in gs if g.get("trace")]),
             "reconstructed": _mean([g["trace"].get("reconstructed") for g in gs if g.get("trace")]),
+            "episodes": _episodes([g["trace"]["episodes"] for g in gs if (g.get("trace") or {}).get("episodes")]),
             "truth_err_pp": _mean(errors),
             "truth_err_max_pp": max(errors) if errors else None,
             "cpu_pct": _mean([r["daemon_cpu_pct"] for r in rs]),
@@ -198,6 +199,7 @@ def summary(res: dict, agg: dict | None = None) -> str:
             lines += ["", f"Over all {len(errs)} groups: mean error {mean(errs):.1f} points, worst single guest "
                           f"{max(worst):.1f} points. Lost trace events: "
                           f"{sum(a['overruns'] for a in agg.values())}."]
+        lines += reactions(agg, wls)
     lines += spread(res) + targets(res, agg) + mixed(res) + phases(res)
     notes = sorted({n for a in agg.values() for n in a["notes"]})
     if notes:
@@ -211,6 +213,36 @@ WINDOWS = (1, 2, 5, 10)     # seconds: windows for the spread within a run
 def _quantile(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(int(q * len(xs)), len(xs) - 1)]
+
+
+def _episodes(figs: list[dict]) -> dict | None:
+    """Guests' hazard episodes pooled: medians averaged over guests, the
+    share boosted in time weighted by each guest's long episodes."""
+    if not figs:
+        return None
+    long = sum(f["long"] for f in figs)
+    return {"p50_ms": _mean([f["p50_ms"] for f in figs]), "p90_ms": _mean([f["p90_ms"] for f in figs]),
+            "long": long, "reaction_p50_ms": _mean([f["reaction_p50_ms"] for f in figs]),
+            "in_time": sum(f["long_boosted_in_time"] * f["long"] for f in figs if f["long"]) / long if long else None}
+
+
+def reactions(agg: dict, wls: list[str]) -> list[str]:
+    """How long a vCPU waits while a sibling runs, and how soon ``boost`` answers."""
+    rows = []
+    for (wl, n, m), a in sorted(agg.items(), key=lambda kv: (wls.index(kv[0][0]), kv[0][1], kv[0][2])):
+        e = a.get("episodes")
+        if e and m in ("cfs", "boost", "relaxed", "auto"):
+            rows.append([wl, str(n), m, _num(e["p50_ms"]), _num(e["p90_ms"]), str(e["long"]),
+                         _pct(e["in_time"], 0), _num(e["reaction_p50_ms"])])
+    if not rows:
+        return []
+    return ["", "### Hazard episodes and boost reaction (trace)", "",
+            "An episode: one vCPU runnable but not running while a sibling runs, from the trace. Length at "
+            "the median and p90 (mean over guests); of the episodes longer than 1 ms, the share in which a "
+            "`sched_setattr` reached that vCPU within 1 ms of the episode's start (over half: `boost` "
+            "reacts within 1 ms at the median); the median time to that call where there was one.", ""] + \
+        _table(["workload", "guests", "mode", "episode p50 ms", "episode p90 ms", "episodes > 1 ms",
+                "boosted within 1 ms", "reaction p50 ms"], rows)
 
 
 def spread(res: dict) -> list[str]:

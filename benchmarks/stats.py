@@ -12,6 +12,8 @@ but waiting), partial contention (some vCPU waits while none runs), and
 (waiting or frozen, contracts §4): the trace also records when each vCPU's
 cgroup is frozen and thawed, so a co-stopped vCPU is told from a sleeping one.
 :func:`reconstructed` says how much of a timeline was not seen in events.
+:func:`hazard_episodes` cuts the hazard into episodes per waiting vCPU and,
+with the ``sched_setattr`` calls the trace saw, times ``boost``'s reaction.
 
 Iteration times come from the guests as log-linear histograms (see
 ``testbed/workloads/guest-init.c``); :func:`hist_cdf` and
@@ -19,6 +21,7 @@ Iteration times come from the guests as log-linear histograms (see
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 RUNNING, RUNNABLE, SLEEPING, FROZEN = "running", "runnable", "sleeping", "frozen"
@@ -225,3 +228,47 @@ def window_skews(lines: dict[int, list[tuple[float, float, str]]], t0: float, t1
                 lags[tid][k] += max(hi - lo, 0.0)
                 k += 1
     return [max(col) - min(col) for col in zip(*lags.values())] if lags else []
+
+
+def hazard_episodes(lines: dict[int, list[tuple[float, float, str]]],
+                    calls: list[tuple[float, int, bool]]) -> list[tuple[float, float | None]]:
+    """Each hazard episode of one guest: a stretch in which one vCPU was
+    runnable but not running while a sibling ran, as ``(seconds, reaction)``.
+    ``reaction`` is the time from the episode's start to the first successful
+    ``sched_setattr`` aimed at that vCPU within it (``calls``: ``(t, tid,
+    succeeded)``), None when there was none. A call on a waiting vCPU is a
+    boost, but for one case: a boost begun while it ran, that runs out while
+    it waits."""
+    out = []
+    for tid, iv in lines.items():
+        runs = [(b, e) for k, kiv in lines.items() if k != tid for b, e, s in kiv if s == RUNNING]
+        hits = sorted(t for t, target, ok in calls if target == tid and ok)
+        for b, e, s in iv:
+            if s != RUNNABLE:
+                continue
+            merged: list[list[float]] = []
+            for lo, hi in sorted((max(rb, b), min(re, e)) for rb, re in runs if rb < e and re > b):
+                if merged and lo <= merged[-1][1]:
+                    merged[-1][1] = max(merged[-1][1], hi)
+                else:
+                    merged.append([lo, hi])
+            for lo, hi in merged:
+                k = bisect.bisect_left(hits, lo)
+                out.append((hi - lo, hits[k] - lo if k < len(hits) and hits[k] <= hi else None))
+    return out
+
+
+def episode_figures(episodes: list[tuple[float, float | None]], react_s: float = 0.001) -> dict:
+    """Hazard episodes summed up (times in ms): how many, their length at
+    p50/p90, and for those lasting longer than ``react_s`` the share boosted
+    within ``react_s`` of their start (over one half: the median reaction is
+    within it) and the median reaction of those boosted at all."""
+    def q(xs, f):
+        return 1000 * sorted(xs)[min(int(f * len(xs)), len(xs) - 1)] if xs else None
+    long = [(d, r) for d, r in episodes if d > react_s]
+    reacted = [r for _, r in long if r is not None]
+    return {"n": len(episodes), "p50_ms": q([d for d, _ in episodes], 0.5),
+            "p90_ms": q([d for d, _ in episodes], 0.9), "long": len(long),
+            "long_boosted_in_time": (sum(1 for _, r in long if r is not None and r <= react_s) / len(long)
+                                     if long else None),
+            "reaction_p50_ms": q(reacted, 0.5)}

@@ -70,8 +70,8 @@ import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks import report
-from benchmarks.stats import (RUNNABLE, RUNNING, SLEEPING, frozen_at, hist_delta, reconstructed, states_at,
-                              timelines, trace_figures, window_skews)
+from benchmarks.stats import (RUNNABLE, RUNNING, SLEEPING, episode_figures, frozen_at, hazard_episodes,
+                              hist_delta, reconstructed, states_at, timelines, trace_figures, window_skews)
 from benchmarks.trace import SchedTrace
 from testbed import guests, image, services
 from testbed.daemon import DaemonProcess
@@ -247,7 +247,7 @@ def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: f
     tracing = truth and mode != "batch"
     turns: dict[str, float] = {}     # batch: each guest's turn, in its own time (batch_turn)
     cgroups = {tid: v2_cgroup(pid, tid) for tid, pid in pids.items()} if tracing else {}
-    with SchedTrace(set().union(*tids.values()), cgroups) if tracing else nullcontext() as tracer:
+    with SchedTrace(set().union(*tids.values()), cgroups, calls=True) if tracing else nullcontext() as tracer:
         if tracer:
             time.sleep(0.5)                   # events before t0 give each thread's state at t0
         state0, modes0 = host_state(pids), modes_now(daemon, gs)
@@ -280,7 +280,8 @@ def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: f
         w["skew_mean_ms"] = 1000 * (d1.get("sum", 0) - d0.get("sum", 0)) / n_skew if n_skew > 0 else None
         if tracer:       # skew over windows as long as cosched's were (its period stretches on a busy host)
             width = observed / n_skew if observed > 0 and n_skew > 0 else SKEW_WINDOW
-            w["trace"] = truth_figures(tracer.events, tids[g.name], t0, t1, silent_states(p0, p1, t1 - t0), width)
+            w["trace"] = truth_figures(tracer.events, tids[g.name], t0, t1, silent_states(p0, p1, t1 - t0), width,
+                                       tracer.calls)
         per_guest[g.name] = w
     lat = [(s0["hist"].get(k, []), s1["hist"].get(k, [])) for k in
            ("cosched_switch_latency_seconds_bucket", "cosched_slot_lateness_seconds_bucket")]
@@ -397,11 +398,12 @@ def silent_states(before: dict, after: dict, span: float) -> dict[int, str]:
 
 
 def truth_figures(events, tids: set[int], t0: float, t1: float, silent: dict[int, str],
-                  width: float = SKEW_WINDOW) -> dict:
+                  width: float = SKEW_WINDOW, calls: list | None = None) -> dict:
     """Exact hazard fraction and mean skew over windows of ``width`` seconds of one guest from a trace,
-    and ``reconstructed``: the share of its threads' time over the interval
-    whose state no event showed (implied by a later event, or read from
-    /proc for a thread with none)."""
+    its hazard episodes and how soon boosts answered them (``calls``: see
+    :func:`benchmarks.stats.episode_figures`), and ``reconstructed``: the
+    share of its threads' time over the interval whose state no event showed
+    (implied by a later event, or read from /proc for a thread with none)."""
     lines = timelines(events, states_at(events, tids, t0, silent), t0, t1, frozen_at(events, tids, t0))
     f = trace_figures(lines)
     skews = window_skews(lines, t0, t1, width)
@@ -409,6 +411,7 @@ def truth_figures(events, tids: set[int], t0: float, t1: float, silent: dict[int
     return {"hazard": f["hazard"] / span, "partial": f["partial"] / span,
             **{k: {t: v / span for t, v in f[k].items()} for k in ("run", "wait", "frozen")},
             "skew_mean_ms": 1000 * sum(skews) / len(skews) if skews else None,
+            "episodes": episode_figures(hazard_episodes(lines, calls or [])),
             "reconstructed": sum(reconstructed(events, tids, t0, t1).values()) / (span * len(tids)),
             "events": sum(1 for e in events if e.tid in tids)}
 

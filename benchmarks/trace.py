@@ -14,6 +14,9 @@ disturbs another user of the global trace buffer:
   a whole interval without a switch is still seen running), and
   ``cgroup_freeze``/``cgroup_unfreeze`` (so a co-stopped vCPU is told from a
   sleeping one);
+* ``sched_setattr`` calls aimed at the given threads (``syscalls``
+  enter and exit, when asked for: ``calls=True``), so the benchmark sees
+  when cosched boosted or unboosted a vCPU and whether the kernel took it;
 * filters keep the given threads (``prev_pid``/``next_pid`` for
   switches, ``pid`` otherwise) and every switch to or from the idle task
   (which :func:`parse` needs), and the per-CPU buffer is large enough for
@@ -38,8 +41,10 @@ _SWITCH = re.compile(r"prev_pid=(\d+) prev_prio=-?\d+ prev_state=(\S+) ==> next_
 _WAKEUP = re.compile(r"(?:^|\s)pid=(\d+) prio=")
 _RUNTIME = re.compile(r"(?:^|\s)pid=(\d+) runtime=")
 _CGROUP = re.compile(r"^root=0 id=\d+ level=\d+ path=(\S+)")      # root 0: the v2 hierarchy
+_CALL = re.compile(r"^\s*(.*?)-(\d+)\s+\[\d+\]\s+\S+\s+(\d+\.\d+): sys_sched_setattr(?:\(pid: (0x[0-9a-f]+)| -> (0x[0-9a-f]+))")
 SCHED_EVENTS = ("sched_switch", "sched_wakeup", "sched_stat_runtime")
 CGROUP_EVENTS = ("cgroup_freeze", "cgroup_unfreeze")
+CALL_EVENTS = ("sys_enter_sched_setattr", "sys_exit_sched_setattr")
 
 
 def switches(text: str):
@@ -51,6 +56,25 @@ def switches(text: str):
             s = _SWITCH.search(m.group(6))
             if s:
                 yield float(m.group(4)), int(m.group(3)), int(s.group(1)), s.group(2), int(s.group(4)), s.group(3)
+
+
+def setattr_calls(text: str) -> list[tuple[float, int, bool]]:
+    """Every ``sched_setattr`` in tracefs text whose exit was seen:
+    ``(t, target tid, succeeded)``, ``t`` the time of the call. Enter and
+    exit are paired by the calling thread (a thread makes one call at a
+    time)."""
+    out, open_calls = [], {}
+    for line in text.splitlines():
+        m = _CALL.match(line)
+        if not m:
+            continue
+        caller, t = int(m.group(2)), float(m.group(3))
+        if m.group(4) is not None:
+            open_calls[caller] = (t, int(m.group(4), 16))
+        elif caller in open_calls:
+            t_call, tid = open_calls.pop(caller)
+            out.append((t_call, tid, int(m.group(5), 16) == 0))
+    return out
 
 
 def parse(text: str, tids: set[int], cgroups: dict[int, str] | None = None) -> list[Event]:
@@ -148,22 +172,26 @@ def tracefs_root() -> Path | None:
 
 
 class SchedTrace:
-    """``with SchedTrace(tids, cgroups) as t: ...`` records; then ``t.events``
-    and ``t.overruns``. ``cgroups``: each thread's v2 cgroup path (see :func:`parse`)."""
+    """``with SchedTrace(tids, cgroups) as t: ...`` records; then ``t.events``,
+    ``t.calls`` (with ``calls=True``: see :func:`setattr_calls`) and
+    ``t.overruns``. ``cgroups``: each thread's v2 cgroup path (see :func:`parse`)."""
 
-    def __init__(self, tids: set[int], cgroups: dict[int, str] | None = None, buffer_kb: int = 65536):
+    def __init__(self, tids: set[int], cgroups: dict[int, str] | None = None, buffer_kb: int = 65536,
+                 calls: bool = False):
         self.tids = set(tids)
         self.cgroups = dict(cgroups or {})
         self.buffer_kb = buffer_kb
+        self.with_calls = calls
         self.events: list[Event] = []
+        self.calls: list[tuple[float, int, bool]] = []
         self.text = ""                    # the raw trace, for analyses of their own
         self.overruns = 0
         self._mounted: Path | None = None
         self.dir: Path | None = None
 
-    @staticmethod
-    def _events() -> list[str]:
-        return [f"sched/{e}" for e in SCHED_EVENTS] + [f"cgroup/{e}" for e in CGROUP_EVENTS]
+    def _events(self) -> list[str]:
+        return ([f"sched/{e}" for e in SCHED_EVENTS] + [f"cgroup/{e}" for e in CGROUP_EVENTS]
+                + [f"syscalls/{e}" for e in CALL_EVENTS if self.with_calls])
 
     def _write(self, rel: str, value: str) -> None:
         (self.dir / rel).write_text(value)
@@ -185,6 +213,8 @@ class SchedTrace:
                     " || ".join(f"prev_pid == {t} || next_pid == {t}" for t in [0, *ids]))
         for ev in SCHED_EVENTS[1:]:
             self._write(f"events/sched/{ev}/filter", " || ".join(f"pid == {t}" for t in ids))
+        if self.with_calls:
+            self._write(f"events/syscalls/{CALL_EVENTS[0]}/filter", " || ".join(f"pid == {t}" for t in ids))
         for ev in self._events():
             self._write(f"events/{ev}/enable", "1")
         self._write("tracing_on", "1")
@@ -196,6 +226,7 @@ class SchedTrace:
             if exc[0] is None:
                 self.text = (self.dir / "trace").read_text()
                 self.events = parse(self.text, self.tids, self.cgroups)
+                self.calls = setattr_calls(self.text) if self.with_calls else []
                 self.overruns = sum(
                     int(m.group(1)) for stats in self.dir.glob("per_cpu/cpu*/stats")
                     for m in [re.search(r"^overrun: (\d+)", stats.read_text(), re.M)] if m)

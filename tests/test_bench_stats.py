@@ -2,8 +2,9 @@
 import pytest
 
 from benchmarks.suite import quantile
-from benchmarks.stats import (FROZEN, RUNNABLE, RUNNING, SLEEPING, Event, cdf, hist_add, hist_bounds, hist_cdf, hist_delta,
-                              hist_quantile, jain, of_ideal, timelines, trace_figures, window_skews)
+from benchmarks.stats import (FROZEN, RUNNABLE, RUNNING, SLEEPING, Event, cdf, episode_figures, hazard_episodes, hist_add,
+                              hist_bounds, hist_cdf, hist_delta, hist_quantile, jain, of_ideal, timelines, trace_figures,
+                              window_skews)
 from cosched.sampler.estimate import estimate
 
 
@@ -44,6 +45,26 @@ def test_exact_hazard_and_partial_from_trace():
     assert f["partial"] == pytest.approx(0.0)
     assert f["run"] == {1: pytest.approx(6e-3), 2: pytest.approx(6e-3)}
     assert f["wait"] == {1: 0.0, 2: pytest.approx(4e-3)}
+
+
+def test_hazard_episodes_and_the_boosts_that_answered_them():
+    ms = 1e-3
+    # vcpu 2 waits 0-4 while vcpu 1 runs (one episode, boosted at 0.6 ms); vcpu 1 sleeps 6-10;
+    # vcpu 2 then waits 7-9 while vcpu 3 runs 7.5-8 and 8.5-9: two episodes, neither boosted
+    lines = {1: [(0.0, 6 * ms, RUNNING), (6 * ms, 10 * ms, SLEEPING)],
+             2: [(0.0, 4 * ms, RUNNABLE), (4 * ms, 7 * ms, RUNNING), (7 * ms, 9 * ms, RUNNABLE),
+                 (9 * ms, 10 * ms, RUNNING)],
+             3: [(0.0, 7.5 * ms, SLEEPING), (7.5 * ms, 8 * ms, RUNNING), (8 * ms, 8.5 * ms, SLEEPING),
+                 (8.5 * ms, 9 * ms, RUNNING), (9 * ms, 10 * ms, SLEEPING)]}
+    calls = [(0.6 * ms, 2, True), (0.5 * ms, 2, False), (5 * ms, 2, True), (1 * ms, 3, True)]
+    eps = sorted(hazard_episodes(lines, calls))
+    assert [d for d, _ in eps] == [pytest.approx(0.5 * ms)] * 2 + [pytest.approx(4 * ms)]
+    assert eps[-1][1] == pytest.approx(0.6 * ms) and eps[0][1] is None and eps[1][1] is None
+    f = episode_figures(eps)
+    assert f["n"] == 3 and f["long"] == 1 and f["long_boosted_in_time"] == 1.0
+    assert f["reaction_p50_ms"] == pytest.approx(0.6) and f["p50_ms"] == pytest.approx(0.5)
+    assert episode_figures([])["long_boosted_in_time"] is None
+    assert hazard_episodes({1: [(0.0, 1.0, RUNNABLE)]}, []) == []       # waiting alone is no hazard
 
 
 def test_partial_contention_when_nobody_runs():

@@ -3,7 +3,7 @@ import pytest
 
 from benchmarks.stats import (FROZEN, RUNNABLE, RUNNING, SLEEPING, frozen_at, reconstructed, states_at, timelines,
                               trace_figures, window_skews)
-from benchmarks.trace import parse
+from benchmarks.trace import parse, setattr_calls
 
 # Two vCPU threads of one guest, 11 and 12, with names that hold spaces.
 TRACE = """\
@@ -115,3 +115,16 @@ def test_reconstructed_time_is_what_no_event_showed():
     late = [e for e in ev if e.t > 200.0015]
     assert reconstructed(late, {21}, 200.0015, 200.010) == {21: pytest.approx(0.0045)}   # ... is the wake-up
     assert reconstructed([], {7}, 1.0, 3.0) == {7: 2.0}
+
+
+def test_setattr_calls_are_paired_with_their_result_by_caller():
+    text = """\
+    python3-700     [001] .....   50.000100: sys_sched_setattr(pid: 0xb, uattr: 0x7f163045b0f0, flags: 0)
+    python3-701     [000] .....   50.000110: sys_sched_setattr(pid: 0xc, uattr: 0x7f163045b430, flags: 0)
+    python3-700     [001] .....   50.000120: sys_sched_setattr -> 0x0
+    python3-701     [000] .....   50.000130: sys_sched_setattr -> 0xfffffffffffffff0
+    python3-700     [001] .....   50.000200: sys_sched_setattr(pid: 0xb, uattr: 0x7f163045b0f0, flags: 0)
+"""
+    # 701's call on 12 failed (EBUSY); 700's second call has no exit in the trace yet
+    assert setattr_calls(text) == [(50.0001, 11, True), (50.00011, 12, False)]
+    assert setattr_calls(TRACE) == []
