@@ -68,6 +68,18 @@ def parse_schedstat(raw: bytes) -> tuple[int, int, int]:
     return int(run), int(wait), int(switch_ins)
 
 
+def switch_outs(raw: bytes) -> int:
+    """Times switched out (``voluntary_ctxt_switches`` + ``nonvoluntary_ctxt_switches``)
+    from a raw ``status``. With ``schedstat``'s switch-ins it tells whether a
+    thread is on a CPU now (one switch-in more), which ``stat`` cannot:
+    its ``R`` is running or queued."""
+    total = 0
+    for key in (b"\nvoluntary_ctxt_switches:", b"\nnonvoluntary_ctxt_switches:"):
+        i = raw.index(key) + len(key)
+        total += int(raw[i:raw.index(b"\n", i)])
+    return total
+
+
 def events_frozen(text: str | None) -> bool | None:
     """Whether ``cgroup.events`` says the cgroup is frozen (None without the file)."""
     if text is None:

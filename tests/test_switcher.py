@@ -211,27 +211,40 @@ def test_protocol_names_a_bad_message():
 
 # -- watched guests: boost (BCS) and relaxed ------------------------------
 class Procs:
-    """/proc/TID/stat and schedstat of fake vCPU threads, rewritten between polls."""
+    """/proc/TID/stat, schedstat and status of fake vCPU threads, rewritten between polls.
+    Each starts queued: runnable, switched in as often as out."""
 
     def __init__(self, fs, tids):
         self.fs = fs
-        self.state = {tid: ["R", 0, 0, 1] for tid in tids}     # state, cpu, run ns, switch-ins
+        self.state = {tid: ["R", 0, 0, 1, 1] for tid in tids}     # state, cpu, run ns, switch-ins, switch-outs
         for tid in tids:
             fs.path(f"/proc/{tid}").mkdir(parents=True)
             self.write(tid)
 
     def write(self, tid):
-        state, cpu, run, picks = self.state[tid]
+        state, cpu, run, picks, outs = self.state[tid]
         rest = [state] + ["0"] * 18 + [str(1000 + tid)] + ["0"] * 16 + [str(cpu), "0", "0"] + ["0"] * 11
         self.fs.write(f"/proc/{tid}/stat", f"{tid} (CPU 0/TCG) " + " ".join(rest) + "\n")
         self.fs.write(f"/proc/{tid}/schedstat", f"{run} 0 {picks}\n")
+        self.fs.write(f"/proc/{tid}/status", f"Name:\tCPU 0/TCG\nState:\t{state}\nvoluntary_ctxt_switches:\t{outs - 1}\n"
+                                             f"nonvoluntary_ctxt_switches:\t1\n")
+
+    def picked(self, tid):
+        """Switched in (from the queue)."""
+        self.state[tid][3] += 1
+        self.write(tid)
 
     def runs(self, tid, ns=MS):
+        """On a CPU (switched in first if it was not), its run time brought up to date by a tick."""
+        if self.state[tid][3] == self.state[tid][4]:
+            self.state[tid][3] += 1
         self.state[tid][2] += ns
         self.write(tid)
 
-    def picked(self, tid):
-        self.state[tid][3] += 1
+    def preempted(self, tid, ns=MS):
+        """Switched out, still runnable: queued."""
+        self.state[tid][2] += ns
+        self.state[tid][4] = self.state[tid][3]
         self.write(tid)
 
 
@@ -260,6 +273,27 @@ def test_bcs_boosts_with_sched_deadline_and_returns_to_the_recorded_attributes(t
     assert sched.attrs[101] == batch
     assert pr.Tally("a", 1, boosts=1) in sw.take_stats().tallies
     assert all(fs.read(f"{CG2}/machine/a/vcpu{i}/cgroup.freeze") == "0" for i in range(2))   # boost never freezes
+
+
+def test_bcs_sees_a_vcpu_running_between_ticks_as_running(tmp_path):
+    """Run time grows only at a tick or switch-out: a vCPU on its CPU for a
+    while shows no change, as a queued one; the switch counts tell them apart."""
+    from cosched.engine.switcher import boost_attr
+    fs, clock, sched = tree(tmp_path), Clock(), FakeSched()
+    procs = Procs(fs, (100, 101))
+    sw = Switcher(fs, 500 * MS, sched=sched.knob(fs), clock=clock)
+    sw.apply(watched("boost", replace(member("a"), boost_ms=2)))
+    procs.runs(100)
+    procs.runs(101)                                    # both on a CPU
+    sw.tick()
+    for _ in range(3):                                 # no tick, no switch: nothing changes
+        clock.now += POLL
+        sw.tick()
+    assert sched.calls == []
+    clock.now += POLL
+    procs.preempted(101)                               # vCPU 1 loses its CPU; vCPU 0 runs on, unchanged
+    sw.tick()
+    assert sched.attrs[101] == boost_attr(2)
 
 
 def first_boost(fs, procs, clock, sched: FakeSched) -> Switcher:

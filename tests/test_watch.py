@@ -1,35 +1,51 @@
 """The rules of ``boost`` (BCS) and ``relaxed`` on synthetic poll streams."""
+import pytest
 from hypothesis import given, settings, strategies as st
 
-from cosched.policy.watch import Bcs, Relaxed, Seen
+from cosched.kernel import switch_outs
+from cosched.policy.watch import Bcs, Relaxed, Seen, on_cpu_unchanged
 
 MS = 1_000_000
 
 
 class Thread:
-    """A synthetic vCPU thread: what a poll of /proc would show."""
+    """A synthetic vCPU thread: what a poll of /proc would show. It starts queued."""
 
     def __init__(self, cpu=0):
-        self.run, self.picks, self.runnable, self.cpu = 0, 1, True, cpu
+        self.run, self.picks, self.runnable, self.on_cpu, self.cpu = 0, 1, True, False, cpu
 
     def seen(self):
-        return Seen(self.runnable, self.cpu, self.run, self.picks)
+        return Seen(self.runnable, self.cpu, self.run, self.picks, self.on_cpu)
 
-    def runs(self, ns):            # ran through the window (a tick credited it)
-        self.runnable, self.run = True, self.run + ns
+    def runs(self, ns):            # on a CPU through the window (switched in first if it was not)
+        if not self.on_cpu:
+            self.picks += 1
+        self.runnable, self.on_cpu, self.run = True, True, self.run + ns
 
-    def waits(self):               # stayed queued: nothing changes
-        self.runnable = True
+    def waits(self):               # queued (preempted first if it was running)
+        self.runnable, self.on_cpu = True, False
 
     def picked(self):              # switched in
-        self.runnable, self.picks = True, self.picks + 1
+        self.runnable, self.on_cpu, self.picks = True, True, self.picks + 1
 
     def sleeps(self):
-        self.runnable = False
+        self.runnable, self.on_cpu = False, False
 
 
 def poll(rules, now, threads, room=4):
     return rules.step(now, [t.seen() for t in threads], room)
+
+
+def test_on_cpu_follows_from_the_last_poll_only_while_nothing_changed():
+    running, queued = Seen(True, 0, 500, 3, True), Seen(True, 0, 500, 3, False)
+    asleep = Seen(False, 0, 500, 3, False)
+    assert on_cpu_unchanged(running, True, 500, 3) is True       # no switch-out: still on its CPU
+    assert on_cpu_unchanged(queued, True, 500, 3) is False       # no switch-in: still queued
+    assert on_cpu_unchanged(asleep, True, 500, 3) is False       # woken, not yet switched in
+    assert on_cpu_unchanged(running, False, 500, 3) is False     # not runnable: on no CPU
+    assert on_cpu_unchanged(running, True, 900, 3) is None       # a tick or a switch-out: count them
+    assert on_cpu_unchanged(queued, True, 500, 4) is None        # switched in, maybe out again
+    assert on_cpu_unchanged(None, True, 500, 3) is None
 
 
 # -- boost (BCS) -----------------------------------------------------------
@@ -162,3 +178,20 @@ def test_noisy_streams_never_freeze_every_vcpu_and_bound_boosts(n, script, cpus,
             assert len(acts.boost) <= room
             assert all(t - s <= 2 for (who, _), s in since.items() if who == name)
         assert len(rel.frozen) < n
+
+
+STATUS = b"""Name:\tCPU 1/TCG
+State:\tR (running)
+Tgid:\t4242
+Pid:\t4250
+Cpus_allowed_list:\t0-1
+Mems_allowed_list:\t0
+voluntary_ctxt_switches:\t17
+nonvoluntary_ctxt_switches:\t215
+"""
+
+
+def test_switch_outs_from_status():
+    assert switch_outs(STATUS) == 232
+    with pytest.raises(ValueError):
+        switch_outs(STATUS[:STATUS.index(b"nonvoluntary")])          # cut short: no guess

@@ -30,9 +30,10 @@ a plan was inconsistent) is force-thawed and counted. The wait for
 vCPU still not frozen is reported and keeps its freeze request.
 
 Watched guests (``boost``, ``relaxed``) are polled every ``WATCH_POLL_NS`` (0.5 ms):
-each vCPU thread's state and host CPU (``/proc/TID/stat``) and run time and
-switch-ins (``/proc/TID/schedstat``), read through descriptors kept open
-(as are the cgroups' ``cgroup.freeze`` and ``cgroup.events``);
+each vCPU thread's state and host CPU (``/proc/TID/stat``), run time and
+switch-ins (``/proc/TID/schedstat``) and, after either changed, its
+switch-outs (``/proc/TID/status``: whether it is on a CPU), read through
+descriptors kept open (as are the cgroups' ``cgroup.freeze`` and ``cgroup.events``);
 the rules of :mod:`cosched.policy.watch` say whom to boost, co-stop or
 co-start. A watched boost is SCHED_DEADLINE (see :func:`boost_attr`).
 """
@@ -55,9 +56,9 @@ from cosched.actuators.sched import SchedAttr, SchedKnob
 from cosched import logs
 from cosched.engine import protocol as pr
 from cosched.hostfs import HostFS
-from cosched.kernel import parse_schedstat, stat_runnable_cpu
+from cosched.kernel import parse_schedstat, stat_runnable_cpu, switch_outs
 from cosched.policy.plan import WATCHED
-from cosched.policy.watch import Bcs, Relaxed, Seen
+from cosched.policy.watch import Bcs, Relaxed, Seen, on_cpu_unchanged
 
 log = logging.getLogger("cosched.switcher")
 STATS_EVERY_NS = int(pr.STATS_EVERY_S * 1e9)
@@ -112,9 +113,10 @@ class Watched:
     cell: str
     plan: pr.MemberPlan
     rules: object                            # policy.watch.Bcs or Relaxed
-    fds: list[tuple[int, int] | None]        # (stat, schedstat) per vCPU
+    fds: list[tuple[int, int, int] | None]   # (stat, schedstat, status) per vCPU
     keys: tuple[tuple, ...]                  # per vCPU, as MemberState.keys (computed once: polled 2,000 times a second)
     boost_failed: str | None = None
+    seen: list[Seen | None] = field(default_factory=list)    # the last poll's
 
 
 @dataclass
@@ -286,9 +288,14 @@ class Switcher:
             rules = Bcs(n, int(m.boost_ms * 1e6))
         fds = []
         for v in m.vcpus:
+            opened: list[int] = []
             try:
-                fds.append((self.fs.open_fd(f"/proc/{v.tid}/stat"), self.fs.open_fd(f"/proc/{v.tid}/schedstat")))
+                for f in ("stat", "schedstat", "status"):
+                    opened.append(self.fs.open_fd(f"/proc/{v.tid}/{f}"))
+                fds.append(tuple(opened))
             except OSError:
+                for fd in opened:
+                    os.close(fd)
                 fds.append(None)                       # gone: discovery will notice
         log.info("domain=%s action=watch mode=%s", m.name, cell.mode)
         return Watched(cell.id, m, rules, fds, tuple(MemberState(m).keys()))
@@ -299,19 +306,22 @@ class Switcher:
             if k in self.vinfo:
                 self._freeze(k, False, now)
                 self._unboost(k)
-        for pair in w.fds:
-            for fd in pair or ():
+        for fds in w.fds:
+            for fd in fds or ():
                 os.close(fd)
         w.fds = []
 
     @staticmethod
-    def _see(pair: tuple[int, int] | None) -> Seen | None:
-        if pair is None:
+    def _see(fds: tuple[int, int, int] | None, before: Seen | None) -> Seen | None:
+        if fds is None:
             return None
         try:
-            runnable, cpu = stat_runnable_cpu(os.pread(pair[0], 1024, 0))
-            run, _, switch_ins = parse_schedstat(os.pread(pair[1], 128, 0))
-            return Seen(runnable, cpu, run, switch_ins)
+            runnable, cpu = stat_runnable_cpu(os.pread(fds[0], 1024, 0))
+            run, _, switch_ins = parse_schedstat(os.pread(fds[1], 128, 0))
+            on = on_cpu_unchanged(before, runnable, run, switch_ins)
+            if on is None:
+                on = switch_ins > switch_outs(os.pread(fds[2], 16384, 0))
+            return Seen(runnable, cpu, run, switch_ins, on)
         except (OSError, ValueError):
             return None
 
@@ -349,7 +359,8 @@ class Switcher:
         room = self.max_boosted - sum(1 for w in self.watched.values() for k in w.keys
                                       if k in self.vstate and self.vstate[k].boosted)
         for w in self.watched.values():
-            seen = [self._see(pair) for pair in w.fds]
+            seen = [self._see(fds, before) for fds, before in zip(w.fds, w.seen or [None] * len(w.fds))]
+            w.seen = seen
             if not seen or any(s is None for s in seen):
                 continue
             keys = w.keys

@@ -1,26 +1,30 @@
 """The per-guest rules of ``boost`` and ``relaxed``: pure state machines.
 
-The switcher polls every watched vCPU thread (by default every millisecond)
+The switcher polls every watched vCPU thread (every 0.5 ms)
 and feeds what it saw to one :class:`Bcs` or :class:`Relaxed` per guest; they
 answer which vCPUs to boost, unboost, co-stop (freeze) and co-start (thaw).
 No I/O here, so the rules are tested on synthetic streams.
 
 What one poll sees of a vCPU thread (:class:`Seen`): whether it is runnable
-(state ``R``: running or queued), the host CPU whose run queue holds it, its
-cumulative run time and how often it has been switched in (``schedstat``).
-A switch-in is visible at once; run time only at the next scheduler tick
-(4 ms at HZ=250) or switch-out. So between two polls a vCPU
+(state ``R``), whether it is on a CPU right now, the host CPU whose run
+queue holds it, its cumulative run time and how often it has been switched
+in (``schedstat``). State ``R`` does not tell running from queued, and run
+time is brought up to date only at a scheduler tick (4 ms at HZ=250) or a
+switch-out: polled every 0.5 ms, a thread running alone on its CPU shows no
+change in six polls of seven, exactly as a queued one. Whether it is on a
+CPU is therefore counted: one more switch-in than switch-outs (``status``'s
+voluntary and involuntary context switches); :func:`on_cpu_unchanged` says
+when the last poll already tells, so that ``status`` is read only after a
+change. Per poll, a vCPU
 
-* **ran** when it was switched in or its run time grew;
-* **waited** when it stayed runnable and did neither: queued behind another
-  thread (or running since before the last tick: the rules below tolerate
-  that rare confusion, a needless boost of a running thread is harmless);
-* **idled** when it was not runnable.
+* **runs** when it is on a CPU;
+* **waits** when it is runnable but not on a CPU (queued), and not co-stopped;
+* **idles** when it is not runnable.
 
 ``boost`` (BCS, boost co-scheduling)
     As published for Xen: when a vCPU of a guest runs, its runnable siblings
-    are boosted so that the host scheduler starts them too. Here: when a
-    sibling ran in the last poll, every sibling that waited is boosted. A
+    are boosted so that the host scheduler starts them too. Here: while a
+    sibling runs, every sibling that waits is boosted. A
     waiting sibling queued on the *same* host CPU as a running one cannot be
     co-started there, so the running one is boosted first: two boosted
     threads on one CPU make the kernel push one of them to another CPU (its
@@ -33,7 +37,7 @@ A switch-in is visible at once; run time only at the next scheduler tick
 ``relaxed`` (VMware ESX 4's relaxed co-scheduling)
     Each vCPU has a progress clock that advances while it runs or idles (an
     idle vCPU does not lag) and stops while it waits for a CPU or is
-    co-stopped. A vCPU that blocks is caught up (it owes nothing). A vCPU's
+    co-stopped (the state a poll sees holds until the next). A vCPU that blocks is caught up (it owes nothing). A vCPU's
     lead is its progress minus that of its slowest runnable sibling; it is
     co-stopped (its own cgroup frozen) when the lead passes ``costop-ms`` and
     co-started when the lead is back within ``costart-ms``. At least one
@@ -53,6 +57,21 @@ class Seen:
     cpu: int | None              # host CPU of its run queue
     run_ns: int                  # cumulative run time
     picks: int                   # cumulative switch-ins
+    on_cpu: bool                 # running right now
+
+
+def on_cpu_unchanged(before: Seen | None, runnable: bool, run_ns: int, picks: int) -> bool | None:
+    """Whether a thread is on a CPU, where its last poll (``before``) and
+    this one's counters tell without its switch-outs; None where they do
+    not. A switch-in counts in ``picks``, and a switch-out brings run time up
+    to date: with neither, a thread on a CPU then is on it still, and one
+    queued or just woken is still queued. A thread that is not runnable is
+    on no CPU."""
+    if not runnable:
+        return False
+    if before is None or (run_ns, picks) != (before.run_ns, before.picks):
+        return None
+    return before.on_cpu and before.runnable
 
 
 @dataclass
@@ -67,7 +86,6 @@ class Actions:
 
 @dataclass
 class _Vcpu:
-    last: Seen | None = None
     boosted_at: int | None = None
     boost_picks: int = 0
     quiet_until: int = 0
@@ -75,15 +93,9 @@ class _Vcpu:
     frozen: bool = False
 
 
-def _windows(vcpus: list[_Vcpu], seen: list[Seen]) -> tuple[list[bool], list[bool]]:
-    """Per vCPU, whether it ran and whether it waited since the last poll."""
-    ran, waited = [], []
-    for v, s in zip(vcpus, seen):
-        before = v.last
-        r = before is not None and (s.picks > before.picks or s.run_ns > before.run_ns)
-        ran.append(r)
-        waited.append(before is not None and s.runnable and not r and not v.frozen)
-    return ran, waited
+def _waiting(vcpus: list[_Vcpu], seen: list[Seen]) -> list[bool]:
+    """Per vCPU, whether it waits: runnable, not on a CPU, not co-stopped."""
+    return [s.runnable and not s.on_cpu and not v.frozen for v, s in zip(vcpus, seen)]
 
 
 class Bcs:
@@ -113,17 +125,17 @@ class Bcs:
         v.boosted_at, v.boost_picks = now, seen[i].picks
         out.boost.append(i)
 
-    def step(self, now: int, seen: list[Seen], room: int, ran=None, waited=None, trigger=None) -> Actions:
+    def step(self, now: int, seen: list[Seen], room: int, waited=None, trigger=None) -> Actions:
         """React to one poll; boost at most ``room`` vCPUs.
 
-        ``ran``/``waited``/``trigger`` let :class:`Relaxed` reuse the rules
-        for its laggards: by default a sibling that ran triggers boosts.
+        ``waited``/``trigger`` let :class:`Relaxed` reuse the rules for its
+        laggards: by default a running sibling triggers boosts.
         """
         out = Actions()
-        if ran is None:
-            ran, waited = _windows(self.vcpus, seen)
+        if waited is None:
+            waited = _waiting(self.vcpus, seen)
         self._ends(now, seen, out)
-        running = [j for j, s in enumerate(seen) if ran[j] and s.runnable]
+        running = [j for j, s in enumerate(seen) if s.on_cpu]
         if running if trigger is None else trigger:
             for i, s in enumerate(seen):
                 v = self.vcpus[i]
@@ -138,8 +150,6 @@ class Bcs:
                     room -= 1
                 self._start(i, now, seen, out)
                 room -= 1
-        for v, s in zip(self.vcpus, seen):
-            v.last = s
         return out
 
 
@@ -172,7 +182,7 @@ class Relaxed:
     def step(self, now: int, seen: list[Seen], room: int = 0) -> Actions:
         dt = now - self._at if self._at is not None else 0
         self._at = now
-        ran, waited = _windows(self.vcpus, seen)
+        waited = _waiting(self.vcpus, seen)
         for v, s, w in zip(self.vcpus, seen, waited):
             if not (w or v.frozen):
                 v.progress += dt
@@ -194,8 +204,6 @@ class Relaxed:
                 out.freeze.append(i)
         if self.bcs is not None:
             # boost only laggards, and only while a sibling is held for them
-            got = self.bcs.step(now, seen, room, ran=ran, waited=waited, trigger=bool(self.frozen))
+            got = self.bcs.step(now, seen, room, waited=waited, trigger=bool(self.frozen))
             out.boost, out.unboost = got.boost, got.unboost
-        for v, s in zip(self.vcpus, seen):
-            v.last = s
         return out
