@@ -435,11 +435,13 @@ def boot(name: str, workload: str, vcpus: int, img) -> guests.Guest:
     return g
 
 
-def boot_set(workloads: list[str], vcpus: int, img) -> list[guests.Guest]:
-    """Boot one guest per workload, each with the running ones paused."""
-    gs: list[guests.Guest] = []
-    with guests.paused(gs):
-        for wl in workloads:
+def boot_set(workloads: list[str], vcpus: int, img, gs: list[guests.Guest] | None = None) -> list[guests.Guest]:
+    """Boot one guest per workload after those in ``gs`` (appended to it),
+    each with the running ones paused: busy guests under the host scheduler
+    can starve a booting one."""
+    gs = [] if gs is None else gs
+    for wl in workloads:
+        with guests.paused(gs):
             gs.append(boot(f"{PREFIX}{len(gs)}", wl, vcpus, img))
     return gs
 
@@ -537,9 +539,7 @@ def run(args) -> dict:
         for wl in args.workloads:
             gs: list[guests.Guest] = []
             for n in counts:
-                with guests.paused(gs):            # busy guests under CFS can starve a booting one
-                    while len(gs) < n:
-                        gs.append(boot(f"{PREFIX}{len(gs)}", wl, args.vcpus, img))
+                boot_set([wl] * (n - len(gs)), args.vcpus, img, gs)
                 daemon.wait(lambda: all(daemon.domain(g.name) for g in gs), 10, "guests observed")
                 for rep in range(args.reps):
                     ideal = None
