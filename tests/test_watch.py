@@ -49,18 +49,18 @@ def test_on_cpu_follows_from_the_last_poll_only_while_nothing_changed():
 
 
 # -- boost (BCS) -----------------------------------------------------------
-def test_bcs_boosts_a_waiting_sibling_of_a_running_vcpu_until_it_has_run():
+def test_bcs_boosts_a_waiting_sibling_until_it_has_run_and_holds_the_runner_meanwhile():
     a, b = Thread(cpu=0), Thread(cpu=1)
     bcs = Bcs(2, boost_ns=2 * MS)
-    poll(bcs, 0, [a, b])                               # first look: no history, nothing done
+    assert poll(bcs, 0, [a, b]).boost == []            # both queued: nobody to co-start with
     a.runs(MS)
     b.waits()
     acts = poll(bcs, 1 * MS, [a, b])
-    assert acts.boost == [1] and acts.unboost == [] and bcs.boosted == [1]
-    b.picked()                                         # the host scheduler started it: the boost is done
-    a.runs(MS)
+    assert acts.boost == [1, 0] and acts.unboost == [] and bcs.boosted == [0, 1]
+    b.picked()                                         # the host scheduler started it: its boost is done
+    a.runs(MS)                                         # a runs on, never switched out: still held
     acts = poll(bcs, 2 * MS, [a, b])
-    assert acts.unboost == [1] and acts.boost == [] and bcs.boosted == []
+    assert acts.unboost == [1] and acts.boost == [] and bcs.boosted == [0]
 
 
 def test_bcs_ends_a_boost_after_boost_ms_and_waits_as_long_before_the_next():
@@ -68,15 +68,15 @@ def test_bcs_ends_a_boost_after_boost_ms_and_waits_as_long_before_the_next():
     bcs = Bcs(2, boost_ns=2 * MS)
     poll(bcs, 0, [a, b])
     a.runs(MS)
-    assert poll(bcs, 1 * MS, [a, b]).boost == [1]
+    assert poll(bcs, 1 * MS, [a, b]).boost == [1, 0]
     a.runs(MS)
     assert poll(bcs, 2 * MS, [a, b]).unboost == []     # 1 ms boosted: still on
     a.runs(MS)
-    assert poll(bcs, 3 * MS, [a, b]).unboost == [1]    # 2 ms: off, though it never ran
+    assert poll(bcs, 3 * MS, [a, b]).unboost == [0, 1]  # 2 ms: off, though b never ran
     a.runs(MS)
     assert poll(bcs, 4 * MS, [a, b]).boost == []       # quiet for boost-ms
     a.runs(MS)
-    assert poll(bcs, 5 * MS, [a, b]).boost == [1]
+    assert poll(bcs, 5 * MS, [a, b]).boost == [1, 0]
 
 
 def test_bcs_boosts_the_runner_first_when_siblings_share_a_cpu():

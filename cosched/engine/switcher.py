@@ -316,8 +316,10 @@ class Switcher:
         if fds is None:
             return None
         try:
-            runnable, cpu = stat_runnable_cpu(os.pread(fds[0], 1024, 0))
             run, _, switch_ins = parse_schedstat(os.pread(fds[1], 128, 0))
+            if before is not None and before.on_cpu and (run, switch_ins) == (before.run_ns, before.picks):
+                return before            # not switched out since: still runnable, on that CPU
+            runnable, cpu = stat_runnable_cpu(os.pread(fds[0], 1024, 0))
             on = on_cpu_unchanged(before, runnable, run, switch_ins)
             if on is None:
                 on = switch_ins > switch_outs(os.pread(fds[2], 16384, 0))
