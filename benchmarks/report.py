@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from statistics import mean, median, pstdev
 
-from benchmarks.stats import hist_add, hist_cdf, hist_quantile, jain
+from benchmarks.stats import hist_add, hist_cdf, hist_quantile, jain, nearest_rank
 
 TRUTH_TARGET_PP = 5.0
 
@@ -210,11 +210,6 @@ def summary(res: dict, agg: dict | None = None) -> str:
 WINDOWS = (1, 2, 5, 10)     # seconds: windows for the spread within a run
 
 
-def _quantile(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(int(q * len(xs)), len(xs) - 1)]
-
-
 def _episodes(figs: list[dict]) -> dict | None:
     """Guests' hazard episodes pooled: medians averaged over guests, the
     share boosted in time weighted by each guest's long episodes."""
@@ -269,12 +264,12 @@ def spread(res: dict) -> list[str]:
     out = ["", "## Spread", ""] + counters_against_lines(res)
     if gaps:
         out.append(f"Between repetitions of one cell ({len(gaps)} cells with two or more valid runs): "
-                   f"median {median(gaps):.1f}, 90th percentile {_quantile(gaps, 0.9):.1f}, largest "
+                   f"median {median(gaps):.1f}, 90th percentile {nearest_rank(gaps, 0.9):.1f}, largest "
                    f"{max(gaps):.1f} points of the ideal.")
     if cvs[1]:
         out.append("Within a run, a guest's rate over consecutive windows varies by (median coefficient of "
                    "variation over guest-runs with three windows or more; 90th percentile; guest-runs): " +
-                   "; ".join(f"{k} s: {100 * median(v):.1f}%, {100 * _quantile(v, 0.9):.1f}% ({len(v)})"
+                   "; ".join(f"{k} s: {100 * median(v):.1f}%, {100 * nearest_rank(v, 0.9):.1f}% ({len(v)})"
                              for k, v in cvs.items() if v) + ".")
     return out
 

@@ -75,6 +75,12 @@ def hist_cdf(hist: dict[int, int]) -> list[tuple[float, float]]:
     return out
 
 
+def nearest_rank(xs: list[float], q: float) -> float:
+    """Quantile ``q`` of samples ``xs`` (not empty): the sample at rank ``q * n``."""
+    xs = sorted(xs)
+    return xs[min(int(q * len(xs)), len(xs) - 1)]
+
+
 def hist_quantile(hist: dict[int, int], q: float) -> float | None:
     """Upper bound (seconds) of the bucket holding quantile ``q``; None when empty."""
     return next((x for x, f in hist_cdf(hist) if f >= q), None) if hist else None
@@ -264,7 +270,7 @@ def episode_figures(episodes: list[tuple[float, float | None]], react_s: float =
     within ``react_s`` of their start (over one half: the median reaction is
     within it) and the median reaction of those boosted at all."""
     def q(xs, f):
-        return 1000 * sorted(xs)[min(int(f * len(xs)), len(xs) - 1)] if xs else None
+        return 1000 * nearest_rank(xs, f) if xs else None
     long = [(d, r) for d, r in episodes if d > react_s]
     reacted = [r for _, r in long if r is not None]
     return {"n": len(episodes), "p50_ms": q([d for d, _ in episodes], 0.5),
