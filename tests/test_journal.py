@@ -9,7 +9,8 @@ from cosched.actuators import journal as jr
 from cosched.actuators.freezer import FreezerKnob
 from cosched.actuators.pinning import PinKnob
 from cosched.actuators.rt_runtime import RtRuntimeKnob
-from cosched.actuators.sched import SchedAttr, SchedKnob, get_attr, set_attr
+from cosched.actuators.sched import SchedAttr, SchedKnob, get_attr, set_attr, zero_bandwidth
+from cosched.hostfs import HostFS
 
 
 class FakePinner:
@@ -161,19 +162,101 @@ def test_real_sched_attr_round_trip_on_a_thread_of_this_test():
             pass
         original = get_attr(tid[0])
         assert original.policy == "other"
+        knob = SchedKnob(HostFS("/"))       # set_attr, and a deadline thread leaves through zero bandwidth
         for want in (SchedAttr("batch", nice=7), SchedAttr("idle"),
                      SchedAttr("deadline", runtime_ns=1_000_000, deadline_ns=10_000_000, period_ns=10_000_000)):
             try:
-                set_attr(tid[0], want)
+                knob.apply(tid[0], want)
             except PermissionError:
                 assert want.policy == "deadline"     # admission control may refuse; nothing changed then
                 continue
             assert get_attr(tid[0]) == want
-        set_attr(tid[0], original)
+        knob.apply(tid[0], original)
         assert get_attr(tid[0]) == original
     finally:
         stop.set()
         t.join()
+
+
+DL = SchedAttr("deadline", runtime_ns=4_000_000, deadline_ns=400_000_000, period_ns=400_000_000)
+
+
+def test_a_thread_leaves_deadline_through_zero_bandwidth(fake, fs):
+    """The kernel keeps the bandwidth of a deadline thread that leaves while
+    asleep: every way out of SCHED_DEADLINE passes through a reservation of 0."""
+    fake.write("/proc/sys/kernel/sched_deadline_period_max_us", "1000000\n")
+    zero = SchedAttr("deadline", runtime_ns=1024, deadline_ns=1_000_000_000, period_ns=1_000_000_000)
+    assert zero_bandwidth(fs) == zero
+    sched = FakeSched()
+    knob = sched.knob(fs)
+    knob.apply(7, DL)
+    knob.apply(7, SchedAttr("other"))
+    knob.apply(8, SchedAttr("fifo", priority=1))           # never a deadline thread: one write
+    knob.apply(8, SchedAttr("other"))
+    knob.apply(9, DL)
+    knob.apply(9, SchedAttr("deadline", runtime_ns=1_000_000, deadline_ns=10_000_000, period_ns=10_000_000))
+    assert sched.calls == [(7, DL), (7, zero), (7, SchedAttr("other")),
+                           (8, SchedAttr("fifo", priority=1)), (8, SchedAttr("other")), (9, DL), sched.calls[-1]]
+    # restoring a journal entry asks the thread itself (the daemon that boosted it may have died)
+    threads(fake, 10)
+    sched.attrs[10], sched.calls[:] = DL, []
+    entry = SchedKnob(fs, get=sched.get, set=sched.set).record(10, 1010)[1]
+    entry["attr"] = SchedAttr("other", nice=3).to_json()
+    SchedKnob(fs, get=sched.get, set=sched.set).restore(entry)
+    assert sched.calls == [(10, zero), (10, SchedAttr("other", nice=3))]
+
+
+def test_zero_bandwidth_without_the_sysctl_is_one_second(fs):
+    assert zero_bandwidth(fs).period_ns == 1_000_000_000
+
+
+def test_returning_a_sleeping_deadline_thread_leaves_no_bandwidth_behind(tmp_path):
+    """On the kernel, with a thread of this test that computes 0.1 ms and
+    sleeps 2 ms, boosted as ``boost`` boosts (4 ms per 400 ms) and returned
+    half a millisecond later, mostly while it sleeps: the root domain's
+    deadline total (debugfs, mounted privately) is what it was."""
+    import re
+    import subprocess
+    import time
+    mnt = tmp_path / "debugfs"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "debugfs", "none", str(mnt)], check=True)
+    try:
+        def total_bw() -> int:
+            found = re.findall(r"dl_bw->total_bw\s+:\s+(-?\d+)", (mnt / "sched" / "debug").read_text())
+            assert found, "no dl_bw->total_bw in debugfs sched/debug"
+            return int(found[0])
+
+        tid, stop = [], threading.Event()
+
+        def work():
+            tid.append(threading.get_native_id())
+            while not stop.is_set():
+                t = time.perf_counter()
+                while time.perf_counter() - t < 0.0001:
+                    pass
+                time.sleep(0.002)
+        t = threading.Thread(target=work)
+        t.start()
+        try:
+            while not tid:
+                time.sleep(0.001)
+            knob, before, asleep = SchedKnob(HostFS("/")), total_bw(), 0
+            original = get_attr(tid[0])
+            for _ in range(50):
+                knob.apply(tid[0], DL)
+                time.sleep(0.0005)
+                asleep += open(f"/proc/self/task/{tid[0]}/stat").read().rsplit(")", 1)[1].split()[0] == "S"
+                knob.apply(tid[0], original)
+                time.sleep(0.001)
+            assert asleep >= 20, f"only {asleep} of 50 returns found the thread asleep: not the case under test"
+            time.sleep(0.5)                   # past every zero-lag time (4 ms runtime at 1%: 0.4 s)
+            assert total_bw() == before
+        finally:
+            stop.set()
+            t.join()
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
 
 
 def test_the_guard_refuses_a_thread_that_is_not_a_test_guest(tmp_path, monkeypatch):
