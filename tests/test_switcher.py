@@ -293,13 +293,41 @@ def test_bcs_sees_a_vcpu_running_between_ticks_as_running(tmp_path):
     clock.now += POLL
     procs.preempted(101)                               # vCPU 1 loses its CPU; vCPU 0 runs on, unchanged
     sw.tick()
-    assert sched.attrs[101] == boost_attr(2)
+    assert sched.calls == []                           # a wait seen once may be over by the next poll
+    clock.now += POLL
+    sw.tick()
+    assert sched.attrs[101] == boost_attr(2)           # seen at two polls: a long wait
+
+
+def test_a_calm_boost_guest_is_polled_less_often_and_a_relaxed_one_every_poll(tmp_path):
+    from cosched.policy.watch import SLOWEST
+    fs, clock, sched = tree(tmp_path), Clock(), FakeSched()
+    procs = Procs(fs, (100, 101, 200, 201))
+    for tid in procs.state:                            # every vCPU idle
+        procs.state[tid][0] = "S"
+        procs.write(tid)
+    sw = Switcher(fs, 500 * MS, sched=sched.knob(fs), clock=clock)
+    sw.apply(watched("boost", replace(member("a"), boost_ms=2)))
+    gaps = []
+    for _ in range(200):
+        deadline = sw.tick()
+        gaps.append(deadline - clock.now)
+        clock.now = deadline
+    assert gaps[0] == POLL and gaps[-1] == SLOWEST * POLL
+    relaxed = replace(member("b"), costop_ms=3, costart_ms=2)
+    sw.apply(pr.Plan(2, 500, None, (pr.CellPlan("boost-a", "boost", (replace(member("a"), boost_ms=2),)),
+                                    pr.CellPlan("relaxed-b", "relaxed", (relaxed,)))))
+    for _ in range(3):                                 # the relaxed guest sets the pace now
+        clock.now = sw.tick()
+        assert sw.tick() - clock.now == POLL
+    assert sched.calls == []
 
 
 def first_boost(fs, procs, clock, sched: FakeSched) -> Switcher:
-    """A boost guest whose vCPU 0 runs while vCPU 1 waits for one poll: the switcher's first boost."""
+    """A boost guest whose vCPU 0 runs while vCPU 1 waits for two polls: the switcher's first boost."""
     sw = Switcher(fs, 500 * MS, sched=sched.knob(fs), clock=clock)
     sw.apply(watched("boost", replace(member("a"), boost_ms=2)))
+    procs.runs(100)
     sw.tick()
     clock.now += POLL
     procs.runs(100)

@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from cosched.kernel import switch_outs
-from cosched.policy.watch import Bcs, Relaxed, Seen, on_cpu_unchanged
+from cosched.policy.watch import CALM_LOOKS, SLOWEST, Bcs, Relaxed, Seen, on_cpu_unchanged
 
 MS = 1_000_000
 
@@ -55,17 +55,20 @@ def test_bcs_boosts_a_waiting_sibling_until_it_has_run_and_holds_the_runner_mean
     assert poll(bcs, 0, [a, b]).boost == []            # both queued: nobody to co-start with
     a.runs(MS)
     b.waits()
-    acts = poll(bcs, 1 * MS, [a, b])
+    assert poll(bcs, 1 * MS, [a, b]).boost == []       # seen waiting once: most such waits end by themselves
+    a.runs(MS)
+    acts = poll(bcs, 2 * MS, [a, b])                   # still waiting, a on its CPU throughout: a long wait
     assert acts.boost == [1, 0] and acts.unboost == [] and bcs.boosted == [0, 1]
     b.picked()                                         # the host scheduler started it: its boost is done
     a.runs(MS)                                         # a runs on, never switched out: still held
-    acts = poll(bcs, 2 * MS, [a, b])
+    acts = poll(bcs, 3 * MS, [a, b])
     assert acts.unboost == [1] and acts.boost == [] and bcs.boosted == [0]
 
 
 def test_bcs_ends_a_boost_after_boost_ms_and_waits_as_long_before_the_next():
     a, b = Thread(cpu=0), Thread(cpu=1)
     bcs = Bcs(2, boost_ns=2 * MS)
+    a.runs(MS)
     poll(bcs, 0, [a, b])
     a.runs(MS)
     assert poll(bcs, 1 * MS, [a, b]).boost == [1, 0]
@@ -82,6 +85,7 @@ def test_bcs_ends_a_boost_after_boost_ms_and_waits_as_long_before_the_next():
 def test_bcs_boosts_the_runner_first_when_siblings_share_a_cpu():
     a, b = Thread(cpu=1), Thread(cpu=1)                # CFS stacked both on CPU 1
     bcs = Bcs(2, boost_ns=2 * MS)
+    a.runs(MS)
     poll(bcs, 0, [a, b])
     a.runs(MS)
     acts = poll(bcs, 1 * MS, [a, b])
@@ -101,10 +105,51 @@ def test_bcs_never_boosts_idle_vcpus_or_without_a_running_sibling():
 def test_bcs_respects_the_room_it_is_given():
     threads = [Thread(cpu=i) for i in range(4)]
     bcs = Bcs(4, boost_ns=2 * MS)
+    threads[0].runs(MS)
     poll(bcs, 0, threads)
     threads[0].runs(MS)
     assert poll(bcs, 1 * MS, threads, room=2).boost == [1, 2]
     assert poll(Bcs(4, 2 * MS), 0, threads, room=0).boost == []
+
+
+def test_bcs_boosts_only_a_wait_seen_at_two_looks():
+    a, b = Thread(cpu=0), Thread(cpu=1)
+    bcs = Bcs(2, boost_ns=2 * MS)
+    b.sleeps()
+    poll(bcs, 0, [a, b])
+    a.runs(MS), b.waits()                              # b woke: queued behind something
+    assert poll(bcs, 1 * MS, [a, b]).boost == []       # most such waits are over by the next poll
+    b.picked(), b.waits()                              # this one was: run, then queued again
+    assert poll(bcs, 2 * MS, [a, b]).boost == []       # a new wait, seen once
+    a.runs(MS)
+    assert poll(bcs, 3 * MS, [a, b]).boost == [1, 0]   # the same wait, seen twice: long
+
+
+def test_bcs_looks_less_often_without_long_waits_and_at_once_when_one_may_start():
+    a, b = Thread(cpu=0), Thread(cpu=1)
+    bcs = Bcs(2, boost_ns=2 * MS)
+    paces = []
+    for t in range(CALM_LOOKS * 6):                    # both run on their own CPUs: no waits at all
+        a.runs(MS), b.runs(MS)
+        poll(bcs, t * MS, [a, b])
+        paces.append(bcs.next_in)
+    assert paces[CALM_LOOKS - 2] == 1 and paces[CALM_LOOKS - 1] == 2
+    assert paces[2 * CALM_LOOKS - 1] == 4 and paces[-1] == SLOWEST == bcs.every
+    b.waits()                                          # b queued while a runs: look again next poll
+    acts = poll(bcs, 1000 * MS, [a, b])
+    assert (acts.boost, bcs.next_in, bcs.every) == ([], 1, SLOWEST)
+    a.runs(MS)
+    assert poll(bcs, 1001 * MS, [a, b]).boost == [1, 0] and bcs.next_in == bcs.every == 1
+    b.sleeps()
+    for t in range(CALM_LOOKS):                        # after a long wait: every poll, until calm again
+        assert bcs.next_in == 1
+        a.runs(MS)
+        poll(bcs, (1002 + t) * MS, [a, b])
+    assert bcs.next_in == 2
+
+
+def test_relaxed_looks_every_poll():
+    assert Relaxed(2, costop_ns=3 * MS, costart_ns=2 * MS, boost_ns=2 * MS).next_in == 1
 
 
 # -- relaxed ---------------------------------------------------------------

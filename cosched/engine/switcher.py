@@ -29,7 +29,8 @@ a plan was inconsistent) is force-thawed and counted. The wait for
 ``frozen 1`` ends after 50 ms (a quarter of ``max_stall_ms`` if shorter): a
 vCPU still not frozen is reported and keeps its freeze request.
 
-Watched guests (``boost``, ``relaxed``) are polled every ``WATCH_POLL_NS`` (0.5 ms):
+Watched guests (``boost``, ``relaxed``) are polled every ``WATCH_POLL_NS`` (0.5 ms;
+a ``boost`` guest without long waits less often, as its rules ask):
 each vCPU thread's state and host CPU (``/proc/TID/stat``), run time and
 switch-ins (``/proc/TID/schedstat``) and, after either changed, its
 switch-outs (``/proc/TID/status``: whether it is on a CPU), read through
@@ -116,7 +117,8 @@ class Watched:
     fds: list[tuple[int, int, int] | None]   # (stat, schedstat, status) per vCPU
     keys: tuple[tuple, ...]                  # per vCPU, as MemberState.keys (computed once: polled 2,000 times a second)
     boost_failed: str | None = None
-    seen: list[Seen | None] = field(default_factory=list)    # the last poll's
+    seen: list[Seen | None] = field(default_factory=list)    # the last look's
+    due: int = 0                                             # when its next look is (monotonic ns)
 
 
 @dataclass
@@ -361,16 +363,20 @@ class Switcher:
         room = self.max_boosted - sum(1 for w in self.watched.values() for k in w.keys
                                       if k in self.vstate and self.vstate[k].boosted)
         for w in self.watched.values():
+            if w.due > now + WATCH_POLL_NS // 4:      # not due (guests due about now share this wake-up)
+                continue
+            rules = w.rules
+            w.due = now + rules.next_in * WATCH_POLL_NS
             seen = [self._see(fds, before) for fds, before in zip(w.fds, w.seen or [None] * len(w.fds))]
             w.seen = seen
             if not seen or any(s is None for s in seen):
                 continue
             keys = w.keys
-            rules = w.rules
             if isinstance(rules, Relaxed):      # a forced thaw ends a co-stop too
                 for v, k in zip(rules.vcpus, keys):
                     v.frozen = k in self.vstate and self.vstate[k].frozen
             acts = rules.step(now, seen, 0 if w.boost_failed else max(room, 0))
+            w.due = now + rules.next_in * WATCH_POLL_NS
             for i in acts.unboost:
                 self._unboost(keys[i])
                 room += 1
@@ -428,7 +434,7 @@ class Switcher:
         self._release([k for k in self.vinfo if k not in wanted], now)
         self._adopt(wanted, now)
         self.cells, self.watched, self.max_boosted = cells, watched, msg.max_boosted
-        self.next_poll = (self.next_poll or now) if watched else None
+        self.next_poll = min(w.due for w in watched.values()) if watched else None   # a new guest: due at once
         for cell in cells.values():              # boosts that must go, before their runtime does
             for m in cell.members:
                 if not m.plan.priority or cell.boost_failed:
@@ -534,9 +540,7 @@ class Switcher:
                 self._freeze(key, False, now)
         if self.next_poll is not None and now >= self.next_poll:
             self.poll(now)
-            self.next_poll += WATCH_POLL_NS
-            if now - self.next_poll > 10 * WATCH_POLL_NS:
-                self.next_poll = now + WATCH_POLL_NS       # hopelessly late: no burst of catch-up polls
+            self.next_poll = min(w.due for w in self.watched.values())   # from now: no catch-up burst when late
         deadlines = [c.deadline for c in self.cells.values() if c.deadline is not None] + (
             [self.next_poll] if self.next_poll is not None else [])
         return min(deadlines) if deadlines else None
