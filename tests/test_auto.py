@@ -66,13 +66,13 @@ def test_signals_do_not_depend_on_the_mode():
 
 @pytest.mark.parametrize("stream,mode", [
     (lambda t: barrier(), "gang"),
-    (lambda t: blocking(), "relaxed"),
+    (lambda t: blocking(), "boost"),
     (lambda t: Evidence(1.0, 2, run=1.5, wait=0.4), "gang"),      # idles 5%
     (lambda t: Evidence(1.0, 2, run=0.8, wait=0.4), "gang"),      # idles 40%, evenly
-    (lambda t: Evidence(1.0, 2, run=0.2, wait=0.2), "relaxed"),   # idles 80%
+    (lambda t: Evidence(1.0, 2, run=0.2, wait=0.2), "boost"),     # idles 80%
     (lambda t: pingpong(), "gang"),
     (lambda t: pingpong(held=float(t > 10)), "gang"),             # the same guest, once in gang
-    (lambda t: lopsided(), "relaxed"),
+    (lambda t: lopsided(), "boost"),
     (lambda t: quiet(), "none"),
 ])
 def test_steady_guests_get_their_mode_and_keep_it(stream, mode):
@@ -108,7 +108,7 @@ def test_a_phase_change_is_followed_within_five_seconds():
         return barrier() if (t // 20) % 2 == 0 else blocking()
     _, modes = run(phases, 200)
     for start in range(20, 200, 20):
-        want = "gang" if (start // 20) % 2 == 0 else "relaxed"
+        want = "gang" if (start // 20) % 2 == 0 else "boost"
         took = next(i for i, m in enumerate(modes[start:], 0) if m == want)
         assert took <= 5, f"phase at {start} s: {want} after {took} s"
 
@@ -117,11 +117,11 @@ def test_dwell_time_and_allow_bound_the_choice():
     _, modes = run(lambda t: barrier() if t < 10 else blocking(), 40, dwell=20)
     first = modes.index("gang")
     assert first <= 3                                     # the first choice need not dwell
-    assert modes.index("relaxed") == first + 20           # the next waits dwell-s
+    assert modes.index("boost") == first + 20             # the next waits dwell-s
     _, modes = run(lambda t: barrier(), 30, allow=("none", "boost", "relaxed"))
-    assert "gang" not in modes and modes[-1] == "relaxed"  # the best allowed
-    _, modes = run(lambda t: blocking(), 30, allow=("none", "boost", "gang"))
-    assert modes[-1] == "boost"                           # boost where relaxed may not
+    assert "gang" not in modes and modes[-1] == "boost"   # the best allowed
+    _, modes = run(lambda t: blocking(), 30, allow=("none", "relaxed", "gang"))
+    assert modes[-1] == "relaxed"                         # relaxed where boost may not
     ch, _ = run(lambda t: barrier(), 30)
     mode, why = ch.decide("g", 31.0, barrier(), ("boost",), 5)
     assert mode == "boost" and "no longer allowed" in why  # new bounds apply at once
@@ -176,7 +176,7 @@ def two_vcpus_under_auto(vcpu_views, seconds=12) -> dict:
 def test_auto_measures_each_vcpu_so_a_lopsided_guest_is_not_ganged():
     # vCPU 0 busy and waiting half the time, vCPU 1 idle
     explained = two_vcpus_under_auto(lambda t: (VcpuView(0, 10, 0.5 * t, 0.5 * t), VcpuView(1, 11, 0.0, 0.0)))
-    assert explained["mode"] == "relaxed" and explained["last_window"]["spread"] == pytest.approx(1.0)
+    assert explained["mode"] == "boost" and explained["last_window"]["spread"] == pytest.approx(1.0)
     assert explained["signals"]["idleness"] == pytest.approx(0.5)
 
 
@@ -190,5 +190,5 @@ def test_explain_prints_every_signal_and_the_scores():
     from cosched.cli import render_explain
     ch, _ = run(lambda t: lopsided(), 12)
     text = render_explain({"domain": "g", "allow": list(ALL), **ch.explain("g")})
-    assert "mode relaxed" in text and "spread 1.00" in text and "idleness 0.50" in text
-    assert "relaxed 1.00 *" in text and "gang 0.00" in text
+    assert "mode boost" in text and "spread 1.00" in text and "idleness 0.50" in text
+    assert "boost 1.00 *" in text and "relaxed 0.80" in text and "gang 0.00" in text
