@@ -52,12 +52,13 @@ def test_on_cpu_follows_from_the_last_poll_only_while_nothing_changed():
 def test_bcs_boosts_a_waiting_sibling_until_it_has_run_and_holds_the_runner_meanwhile():
     a, b = Thread(cpu=0), Thread(cpu=1)
     bcs = Bcs(2, boost_ns=2 * MS)
-    assert poll(bcs, 0, [a, b]).boost == []            # both queued: nobody to co-start with
+    b.sleeps()
+    assert poll(bcs, 0, [a, b]).boost == []            # a queued, b idle: nobody to co-start with
     a.runs(MS)
     b.waits()
     assert poll(bcs, 1 * MS, [a, b]).boost == []       # seen waiting once: most such waits end by themselves
     a.runs(MS)
-    acts = poll(bcs, 2 * MS, [a, b])                   # still waiting, a on its CPU throughout: a long wait
+    acts = poll(bcs, 2 * MS, [a, b])                   # still waiting, never switched in: a long wait
     assert acts.boost == [1, 0] and acts.unboost == [] and bcs.boosted == [0, 1]
     b.picked()                                         # the host scheduler started it: its boost is done
     a.runs(MS)                                         # a runs on, never switched out: still held

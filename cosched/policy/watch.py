@@ -39,18 +39,20 @@ change. Per poll, a vCPU
     waiting first, then the runners.
 
     Only a *long* wait is boosted: a vCPU seen waiting at two looks in a
-    row, not switched in between, while a sibling held its CPU from one
-    look to the other. Most waits are a woken vCPU's wait for its CPU, over
-    in well under a poll (on four ``blocking`` guests: median 0.03 ms, 90%
-    under 0.2 ms, fewer than one in a hundred over 1 ms), and boosting them
-    moves no work forward: it only churns the run queues. A guest is looked
-    at every poll while it has long waits; after ``CALM_LOOKS`` looks
-    without one, half as often, down to every ``SLOWEST`` polls; a look
-    that finds a vCPU waiting while a sibling runs asks for the next look
-    one poll later, so a long wait is still seen within two polls of a
-    look. The poll is what boost costs: on four ``blocking`` guests,
-    looking at every vCPU every 0.5 ms took 55-60% of a CPU, and the guests
-    lost as much throughput (benchmarks/README, *boost*).
+    row, not switched in between. Most waits are a woken vCPU's wait for
+    its CPU, over in well under a poll (on four ``blocking`` guests: median
+    0.03 ms, 90% under 0.2 ms, fewer than one in a hundred over 1 ms), and
+    boosting them moves no work forward: it only churns the run queues. A
+    guest is looked at every poll while it has long waits; after
+    ``CALM_LOOKS`` looks without one, half as often, down to every
+    ``SLOWEST`` polls; a look that finds a vCPU waiting while a sibling
+    runs asks for the next look one poll later, so a long wait is still
+    seen within two polls of a look. The poll is what boost costs: on four
+    ``blocking`` guests, looking at every vCPU every 0.5 ms took 55-60% of
+    a CPU, and the guests lost about as much throughput (benchmarks/README,
+    *boost*). Requiring also that a sibling held its CPU from one look to
+    the next cut that cost further but lost most of ``barrier``'s boosts
+    (measured there too).
 
     Measured on two 2-vCPU ``barrier`` guests on 2 CPUs (benchmarks/README,
     *What it shows*): boosting only the waiting siblings gave 10% of the
@@ -120,7 +122,6 @@ class _Vcpu:
     progress: int = 0
     frozen: bool = False
     wait_picks: int | None = None    # its switch-ins when the last look found it waiting
-    run_picks: int | None = None     # its switch-ins when the last look found it on a CPU
 
 
 def _waiting(vcpus: list[_Vcpu], seen: list[Seen]) -> list[bool]:
@@ -139,26 +140,22 @@ class Bcs:
         self._calm = 0           # looks since the last long wait, at this pace
 
     def _long_waits(self, seen: list[Seen]) -> tuple[list[bool], list[bool]]:
-        """Per vCPU: whether it waits beside a running sibling, and whether
-        it is a long wait: it waited at the last look too, not switched in
-        since, and a sibling has held its CPU since that look."""
-        running = any(s.on_cpu for s in seen)
-        held = any(s.on_cpu and v.run_picks == s.picks for v, s in zip(self.vcpus, seen))
-        waiting = [w and running for w in _waiting(self.vcpus, seen)]
-        long = [w and held and v.wait_picks == s.picks for w, v, s in zip(waiting, self.vcpus, seen)]
+        """Per vCPU: whether it waits, and whether it waited at the last look
+        too, not switched in since (a long wait)."""
+        waiting = _waiting(self.vcpus, seen)
+        long = [w and v.wait_picks == s.picks for w, v, s in zip(waiting, self.vcpus, seen)]
         for w, v, s in zip(waiting, self.vcpus, seen):
             v.wait_picks = s.picks if w else None
-            v.run_picks = s.picks if s.on_cpu else None
         return waiting, long
 
-    def _pace(self, waiting: list[bool], long: list[bool]) -> None:
+    def _pace(self, waiting: list[bool], long: list[bool], running: list[int]) -> None:
         if any(long):
             self.every, self._calm = 1, 0
         else:
             self._calm += 1
             if self._calm >= CALM_LOOKS:
                 self.every, self._calm = min(2 * self.every, SLOWEST), 0
-        self.next_in = 1 if any(waiting) else self.every
+        self.next_in = 1 if running and any(waiting) else self.every
 
     @property
     def boosted(self) -> list[int]:
@@ -192,7 +189,7 @@ class Bcs:
         running = [j for j, s in enumerate(seen) if s.on_cpu]
         if waited is None:
             waiting, waited = self._long_waits(seen)
-            self._pace(waiting, waited)
+            self._pace(waiting, waited, running)
         if running if trigger is None else trigger:
             for i, s in enumerate(seen):
                 v = self.vcpus[i]
