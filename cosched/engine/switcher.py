@@ -84,7 +84,10 @@ def boost_attr(boost_ms: float) -> SchedAttr:
     The period is that long because admission control holds a boost's
     bandwidth until its zero-lag time, after the boost ended: with a tenth
     of a CPU per boost, two guests' few hundred boosts a second filled the
-    root domain and most boosts were refused (EBUSY). Two boosted threads
+    root domain and most boosts were refused (EBUSY). That was measured
+    before the kernel was found to keep the bandwidth of a thread that
+    leaves SCHED_DEADLINE asleep (:mod:`cosched.actuators.sched`, which
+    now prevents it), so part of that filling was the leak. Two boosted threads
     queued on one CPU make the kernel push one to another CPU (deadline
     push), which is how ``boost`` co-starts siblings CFS stacked together.
     A deadline thread's affinity must span its root domain: a vCPU pinned

@@ -48,8 +48,8 @@ change. Per poll, a vCPU
     ``SLOWEST`` polls; a look that finds a vCPU waiting while a sibling
     runs asks for the next look one poll later, so a long wait is still
     seen within two polls of a look. The poll is what boost costs: on four
-    ``blocking`` guests, looking at every vCPU every 0.5 ms took 55-60% of
-    a CPU, and the guests lost about as much throughput (benchmarks/README,
+    ``blocking`` guests, looking at every vCPU every 0.5 ms took 49-57% of
+    a CPU, and the guests lost 8-23% of their throughput (benchmarks/README,
     *boost*). Requiring also that a sibling held its CPU from one look to
     the next cut that cost further but lost most of ``barrier``'s boosts
     (measured there too).
