@@ -189,6 +189,7 @@ class Switcher:
         self.watched: dict[str, Watched] = {}      # uuid -> watch
         self.max_boosted = 0
         self.next_poll: int | None = None
+        self._turn = 0                               # which watched guest a poll serves first
 
     # -- errors never stop the loop --------------------------------------
     def _error(self, message: str) -> None:
@@ -235,7 +236,11 @@ class Switcher:
                     owner[path] = (who, cid)
         for path in sorted(self.rt.grant(wanted)):
             who, cid = owner[path]
-            if not who.boost_failed:
+            if isinstance(who, Watched) and isinstance(who.rules, Bcs):
+                # boost's boosts are SCHED_DEADLINE, which needs no RT runtime;
+                # the grant serves only the SCHED_FIFO fallback of a pinned vCPU
+                self._error(f"RT runtime grant {path} failed; {cid} boosts without a SCHED_FIFO fallback")
+            elif not who.boost_failed:
                 who.boost_failed = f"RT runtime grant {path} failed; {cid} runs " + (
                     "without boosts" if isinstance(who, Watched) else "freeze-only")
                 self._error(who.boost_failed)
@@ -365,7 +370,9 @@ class Switcher:
         """One look at every watched vCPU, and the rules' answer carried out."""
         room = self.max_boosted - sum(1 for w in self.watched.values() for k in w.keys
                                       if k in self.vstate and self.vstate[k].boosted)
-        for w in self.watched.values():
+        order = list(self.watched.values())          # each poll another guest first: the room is shared
+        self._turn = (self._turn + 1) % len(order) if order else 0
+        for w in order[self._turn:] + order[:self._turn]:
             if w.due > now + WATCH_POLL_NS // 4:      # not due (guests due about now share this wake-up)
                 continue
             rules = w.rules
