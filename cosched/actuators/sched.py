@@ -15,13 +15,13 @@ thread set back to another policy while it sleeps, after its zero-lag time,
 keeps its bandwidth counted in the root domain's admission total
 (``dl_bw->total_bw``) after it leaves, and after it exits, until the kernel
 next rebuilds its root domains (a cpuset change, such as libvirt removing a
-guest's cgroup). 21 of 50 such returns of one thread each left its 1% behind;
-boosting two blocking guests filled all of the host's deadline bandwidth in
-2.5 s, after which the kernel refused every boost (EBUSY) and every other
-deadline task on the host. A thread first given the smallest reservation the
-kernel accepts (:func:`zero_bandwidth`: 1,024 ns per longest period, which is
-0 in the kernel's fixed point) and then its own policy leaves nothing behind,
-asleep or running (measured: 41 returns while asleep, total unchanged).
+guest's cgroup). Boosting blocking guests filled all of the host's deadline
+bandwidth within seconds, after which the kernel refused every boost (EBUSY)
+and every other deadline task on the host. A thread first given the smallest
+reservation the kernel accepts (:func:`zero_bandwidth`: 1,024 ns per longest
+period, which is 0 in the kernel's fixed point) and then its own policy
+leaves nothing behind, asleep or running (``tests/test_journal.py`` checks
+the total after 50 returns, most of them while the thread sleeps).
 """
 from __future__ import annotations
 

@@ -31,10 +31,11 @@ guests on two CPUs, 2.6x with four (``benchmarks/latest``), since under
 vCPUs mostly sleep (84-87% idle, measured on a guest that computes briefly
 between sleeps) or whose vCPUs idle unevenly (a parallel library leaving one vCPU with nothing to
 do) gets ``boost``: ``gang`` would hold a CPU for each idle vCPU (it lost
-half to three quarters on the sleeping guest), and ``boost`` takes nothing
-from a guest whose vCPUs do not wait for each other (0.95-1.02x the host
-scheduler on four sleeping guests), where ``relaxed`` co-stops the vCPU
-that ran ahead while a sibling waits for a CPU (0.07-0.38x there).
+half to three quarters on the sleeping guest), and ``auto`` in ``boost``
+gave 0.98-1.09x the best static mode on two and four sleeping guests,
+where ``relaxed``, which co-stops the vCPU that ran ahead while a sibling
+waits for a CPU, gave as little as 0.52x the host scheduler and ``auto``
+choosing it 0.31-0.51x the best at four (benchmarks/evidence/boost-paced/).
 ``relaxed`` scores just below ``boost``: it is what ``auto`` picks when
 ``allow`` rules ``boost`` out. An uncontended guest needs nothing:
 ``none``. Scores in 0..1, with ``c = min(contention / CONTENDED, 1)`` and
