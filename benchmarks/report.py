@@ -114,6 +114,8 @@ def summary(res: dict, agg: dict | None = None) -> str:
         f"`{h['domain_type']}` ({'TCG' if h['domain_type'] == 'qemu' else 'KVM'}). "
         f"{c['vcpus']} vCPUs per guest, {c['seconds']:g} s per run, {c['reps']} repetition(s) of every mode.", "",
         f"Command: `{res['command']}`", "",
+        *([f"**Incomplete:** the suite stopped after {len(res['runs'])} of {res.get('planned', '?')} runs; "
+           "the tables hold those.", ""] if res.get("complete") is False else []),
         "## Throughput relative to the ideal", "",
         "Aggregate iterations per second of all guests, divided by the first guest's alone with the "
         "others paused, measured in the same repetition (mean over repetitions, min–max in brackets). "

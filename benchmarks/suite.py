@@ -50,6 +50,10 @@ interval (:mod:`benchmarks.stats`), for the metric-truth comparison.
 
 Output folder (default ``benchmarks/results/suite-<time>``): ``results.json``
 (every run, raw), ``summary.md`` and PNG plots (:mod:`benchmarks.report`).
+``results.json`` is written again after every run, with ``complete: false``
+until the last: a suite stopped part way (a time limit, SIGTERM, Ctrl-C)
+keeps every run it finished, and ``python -m benchmarks.report DIR`` draws
+the tables from them.
 """
 from __future__ import annotations
 
@@ -417,6 +421,29 @@ def truth_figures(events, tids: set[int], t0: float, t1: float, silent: dict[int
 
 
 # -- the suite -----------------------------------------------------------------
+class Record:
+    """``results.json`` of one suite, rewritten after every run it is given."""
+
+    def __init__(self, path: Path, head: dict):
+        self.path, self.head, self.runs = path, head, []
+
+    def append(self, run: dict) -> None:
+        self.runs.append(run)
+        self.write(complete=False)
+
+    def write(self, complete: bool) -> dict:
+        alone: dict[str, list[float]] = {}
+        for r in self.runs:
+            if r["mode"] == "alone" and r.get("ideal"):
+                alone.setdefault(r["workload"], []).append(r["ideal"])
+        res = {**self.head, "complete": complete, "ideal": {wl: sum(v) / len(v) for wl, v in alone.items()},
+               "runs": self.runs}
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(res, indent=1))
+        tmp.replace(self.path)             # a reader never sees half a file
+        return res
+
+
 class Progress:
     def __init__(self, total: int):
         self.total, self.done, self.start = total, 0, time.monotonic()
@@ -525,16 +552,26 @@ def phase_figures(results: list[dict], timeline: list, name: str) -> dict:
     return {"phases": phases}
 
 
-def run(args) -> dict:
+def run(args, out: Path) -> dict:
+    """Run the suite; every finished run is in ``out/results.json`` at once (:class:`Record`)."""
     img = image.build()
     services.ensure()
     guests.destroy_all(PREFIX)
-    daemon = DaemonProcess(Path(tempfile.mkdtemp(prefix="cosched-bench-"))).start()
     counts = sorted(args.guests)
     mixed_modes = len([m for m in args.modes if m != "batch"])
     progress = Progress(len(args.workloads) * len(counts) * args.reps * (1 + len(args.modes))
                         + len(args.mixed) * args.reps * mixed_modes + (4 if args.phases else 0))
-    runs, alone_rates = [], {}
+    runs = Record(out / "results.json", {
+        "host": {"cpus": len(os.sched_getaffinity(0)), "kernel": platform.release(),
+                 "domain_type": guests.domain_type(), "python": platform.python_version(),
+                 "cpu_model": _cpu_model()},
+        "config": {"guests": counts, "vcpus": args.vcpus, "workloads": list(args.workloads),
+                   "modes": list(args.modes), "seconds": args.seconds, "reps": args.reps, "truth": args.truth,
+                   "retries": args.retries, "min_coverage": MIN_COVERAGE, "report_ms": REPORT_MS,
+                   "mixed": list(args.mixed), "phases_seconds": args.phases, "auto_settle": AUTO_SETTLE},
+        "command": " ".join(["python -m benchmarks.suite", *sys.argv[1:]]),
+        "planned": progress.total})
+    daemon = DaemonProcess(Path(tempfile.mkdtemp(prefix="cosched-bench-"))).start()
     try:
         for wl in args.workloads:
             gs: list[guests.Guest] = []
@@ -555,8 +592,6 @@ def run(args) -> dict:
                                 break
                         if mode == "alone":
                             ideal = r["per_guest"][gs[0].name]["rate"] if r["valid"] else None
-                            if ideal:
-                                alone_rates.setdefault(wl, []).append(ideal)
                         r.update(workload=wl, guests=1 if mode == "alone" else n, mode=mode, rep=rep,
                                  ideal=ideal, notes=notes, attempts=attempt + 1)
                         runs.append(r)
@@ -576,18 +611,7 @@ def run(args) -> dict:
         guests.destroy_all(PREFIX)
     if rc != 0:
         raise RuntimeError(f"daemon exited {rc}:\n{daemon.log.read_text()[-3000:]}")
-    return {
-        "host": {"cpus": len(os.sched_getaffinity(0)), "kernel": platform.release(),
-                 "domain_type": guests.domain_type(), "python": platform.python_version(),
-                 "cpu_model": _cpu_model()},
-        "config": {"guests": counts, "vcpus": args.vcpus, "workloads": list(args.workloads),
-                   "modes": list(args.modes), "seconds": args.seconds, "reps": args.reps, "truth": args.truth,
-                   "retries": args.retries, "min_coverage": MIN_COVERAGE, "report_ms": REPORT_MS,
-                   "mixed": list(args.mixed), "phases_seconds": args.phases, "auto_settle": AUTO_SETTLE},
-        "command": " ".join(["python -m benchmarks.suite", *sys.argv[1:]]),
-        "ideal": {wl: sum(r) / len(r) for wl, r in alone_rates.items()},
-        "runs": runs,
-    }
+    return runs.write(complete=True)
 
 
 def _cpu_model() -> str:
@@ -632,10 +656,10 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         ap.error("run as root: it starts guests, the daemon and kernel tracing")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))     # clean up guests, daemon and trace
-    res = run(args)
     out = args.out or Path("benchmarks/results") / time.strftime("suite-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(res, indent=1))
+    print(f"results in {out}/results.json, written after every run", flush=True)
+    res = run(args, out)
     text = report.write(res, out)
     print("\n" + text + f"\nwritten to {out}/")
     return 0

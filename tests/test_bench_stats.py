@@ -183,3 +183,27 @@ def test_rates_per_second_and_the_spread_they_report():
     # one-second CVs 10% and 8.2%; over 2 s the first is steady (0%), the second varies by 8.2%
     assert "1 s: 9.1%, 10.0% (2); 2 s: 4.1%, 8.2% (2)." in text
     assert spread({"config": {"seconds": 6.0}, "runs": []}) == []
+
+
+def test_the_results_file_holds_every_finished_run_of_an_interrupted_suite(tmp_path):
+    import json
+    from benchmarks.report import summary
+    from benchmarks.suite import Record
+    path = tmp_path / "results.json"
+    head = {"host": {"cpus": 2, "kernel": "k", "domain_type": "qemu"}, "command": "python -m benchmarks.suite",
+            "config": {"guests": [2], "vcpus": 2, "workloads": ["barrier"], "modes": ["cfs"], "seconds": 5.0,
+                       "reps": 2, "mixed": [], "phases_seconds": 0}, "planned": 4}
+    g = lambda rate: {"rate": rate, "iters": 10, "missed": 0, "hist": {}, "hazard": None, "skew_mean_ms": None}
+    rec = Record(path, head)
+    rec.append({"workload": "barrier", "guests": 1, "mode": "alone", "rep": 0, "valid": True, "ideal": 100.0,
+                "per_guest": {"a": g(100.0)}, "daemon_cpu_pct": 1.0})
+    rec.append({"workload": "barrier", "guests": 2, "mode": "cfs", "rep": 0, "valid": True, "ideal": 100.0,
+                "per_guest": {"a": g(3.0), "b": g(2.0)}, "daemon_cpu_pct": 1.0})
+    res = json.loads(path.read_text())           # as a stopped suite leaves it
+    assert res["complete"] is False and [r["mode"] for r in res["runs"]] == ["alone", "cfs"]
+    assert res["ideal"] == {"barrier": 100.0}
+    text = summary(res)
+    assert "stopped after 2 of 4 runs" in text and "| barrier | 2 | 5% (5%–5%) |" in text
+    done = rec.write(complete=True)
+    assert done == json.loads(path.read_text()) and done["complete"] is True
+    assert "stopped after" not in summary(done)

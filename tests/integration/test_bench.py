@@ -21,6 +21,7 @@ def test_harness_writes_results_summary_and_plots(libvirtd, guest_image, tmp_pat
                        "--seconds", "2", "--settle", "1", "--reps", "1", "--out", str(out)]) == 0
 
     res = json.loads((out / "results.json").read_text())
+    assert res["complete"] is True and res["planned"] == len(res["runs"])
     assert res["ideal"]["barrier"] > 0
     modes = [r["mode"] for r in res["runs"]]
     assert modes == ["alone", "batch", "cfs", "gang"]
