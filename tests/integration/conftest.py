@@ -6,6 +6,7 @@ destroyed at the start and the end of the session.
 """
 from __future__ import annotations
 
+import glob
 import os
 
 import pytest
@@ -34,6 +35,33 @@ def libvirtd():
         guests.destroy_all(leftover)
     yield
     guests.destroy_all(PREFIX)
+
+
+def rt_grants() -> dict[str, str]:
+    """The RT runtime of the top of the v1 ``cpu`` tree (RT group scheduling
+    kernels): the root, ``machine`` (every guest's grants pass through it)
+    and their siblings."""
+    files = glob.glob("/sys/fs/cgroup/cpu/cpu.rt_runtime_us") + glob.glob("/sys/fs/cgroup/cpu/*/cpu.rt_runtime_us")
+    out = {}
+    for f in files:
+        try:
+            out[f] = open(f).read().strip()
+        except OSError:
+            pass
+    return out
+
+
+@pytest.fixture(scope="session", autouse=True)
+def rt_grants_given_back():
+    """After every integration test, the top RT grants are as the session
+    found them (a group created meanwhile holds the kernel's 0 again): a grant
+    a daemon kept would outlive it, and the next daemon would take it for
+    the original."""
+    before = rt_grants()
+    yield
+    after = rt_grants()
+    kept = {f: (before.get(f, "0"), v) for f, v in after.items() if v != before.get(f, "0")}
+    assert not kept, f"RT runtime left changed (file: (before, after)): {kept}"
 
 
 @pytest.fixture(scope="session")
