@@ -11,6 +11,8 @@ import errno
 import os
 from pathlib import Path
 
+PIDFD_THREAD = os.O_EXCL        # include/uapi/linux/pidfd.h (Linux 6.9): a pidfd of one thread
+
 
 class HostFS:
     def __init__(self, root: str | os.PathLike = "/"):
@@ -58,6 +60,25 @@ class HostFS:
     def open_fd(self, host_path: str) -> int:
         """A read-only descriptor, for files sampled many times a second."""
         return os.open(self.path(host_path), os.O_RDONLY | os.O_CLOEXEC)
+
+    def exit_fd(self, tid: int) -> int | None:
+        """A descriptor that turns readable once thread ``tid`` has exited
+        (a pidfd), None where no live process stands behind the path (a
+        fake root). On kernels before 6.9, which open pidfds of processes
+        only, it is the pidfd of the thread's process: readable once the
+        whole process has exited. Raises ``ProcessLookupError`` when the
+        thread is already gone."""
+        if self.root != Path("/"):
+            return None
+        try:
+            return os.pidfd_open(tid, PIDFD_THREAD)
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise ProcessLookupError(e.errno, os.strerror(e.errno)) from e
+        for line in (self.read_or(f"/proc/{tid}/status") or "").splitlines():
+            if line.startswith("Tgid:"):
+                return os.pidfd_open(int(line.split()[1]))
+        raise ProcessLookupError(errno.ESRCH, os.strerror(errno.ESRCH))
 
     def open_file(self, host_path: str, write: bool = False) -> "OpenFile":
         """``host_path`` kept open for whole reads or writes many times a second."""

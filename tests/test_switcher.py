@@ -1,12 +1,15 @@
 """The switch loop against fake cgroup trees and a fake scheduling knob."""
 import errno
+import os
+import threading
+import time
 from dataclasses import replace
 
 from fakehost import CgroupEventsFS as FreezerFS, FakeSched
 
 from cosched.actuators.sched import SchedAttr
 from cosched.engine import protocol as pr
-from cosched.engine.switcher import WATCH_POLL_NS as POLL, Switcher
+from cosched.engine.switcher import WATCH_POLL_NS as POLL, Switcher, serve
 
 CG2 = "/sys/fs/cgroup/unified"
 CPU = "/sys/fs/cgroup/cpu"
@@ -402,3 +405,119 @@ def test_a_new_switcher_adopts_vcpus_a_killed_one_left_frozen(tmp_path):
     clock.now += 301 * MS
     sw.tick()
     assert fs.read(f"{CG2}/machine/c/vcpu1/cgroup.freeze") == "0"   # max_stall_ms thaws a co-stop it never made
+
+
+class Exits:
+    """Exit descriptors of fake vCPU threads: a pipe per thread, written to when it "exits"."""
+
+    def __init__(self, fs):
+        self.ends: dict[int, int] = {}
+        self.gone: set[int] = set()
+        fs.exit_fd = self.open
+
+    def open(self, tid):
+        if tid in self.gone:
+            raise ProcessLookupError(errno.ESRCH, "gone")
+        r, self.ends[tid] = os.pipe()
+        return r
+
+    def exit(self, tid):
+        self.gone.add(tid)
+        os.write(self.ends[tid], b"x")
+
+
+def test_a_guest_gives_its_rt_runtime_back_as_soon_as_a_vcpu_exits(tmp_path):
+    # a removed cgroup that still holds RT runtime keeps counting against its
+    # parent (kernel 6.18): the runtime must be back before libvirt removes it
+    fs, clock = tree(tmp_path, rt=True), Clock()
+    exits = Exits(fs)
+    sched = FakeSched()
+    sw = Switcher(fs, 500 * MS, rt_top_us=900_000, sched=sched.knob(fs), clock=clock)
+    plan = gang(member("a", prio=1, rt=True, rt_us=100_000), member("b", prio=1, rt=True, rt_us=100_000),
+                rt_top_us=900_000)
+    rt = lambda p: fs.read(f"{CPU}/machine/{p}cpu.rt_runtime_us")
+    down_r, down_w = os.pipe()
+    up_r, up_w = os.pipe()
+    loop = threading.Thread(target=serve, args=(sw, down_r, lambda line: os.write(up_w, line.encode()), True))
+    loop.start()
+    try:
+        os.write(down_w, pr.encode(plan).encode())
+        until(lambda: rt("a/vcpu1/") == "100000")
+        assert len(sw.exits) == 4 and sched.attrs[100] == SchedAttr("fifo", priority=1)
+        exits.exit(100)                                   # guest a's QEMU ends
+        until(lambda: rt("a/") == "0")
+        assert rt("a/vcpu0/") == rt("a/vcpu1/") == "0" and rt("b/vcpu1/") == "100000" and rt("") == "900000"
+        assert sched.attrs[101] == SchedAttr()            # its other vCPU left the group's runtime first
+    finally:
+        os.close(down_w)
+        loop.join(5)
+    assert not loop.is_alive() and sw.exits == {} and rt("") == rt("b/") == "0"
+
+
+def test_a_guest_whose_vcpu_exited_is_neither_granted_nor_boosted_again(tmp_path):
+    fs, clock = tree(tmp_path, rt=True), Clock()
+    exits = Exits(fs)
+    sched = FakeSched()
+    sw = Switcher(fs, 500 * MS, rt_top_us=900_000, sched=sched.knob(fs), clock=clock)
+    plan = gang(member("a", prio=1, rt=True, rt_us=100_000), member("b", prio=1, rt=True, rt_us=100_000),
+                rt_top_us=900_000)
+    rt = lambda p: fs.read(f"{CPU}/machine/{p}cpu.rt_runtime_us")
+    sw.apply(plan)
+    exits.exit(101)
+    sw.exited(next(fd for fd, k in sw.exits.items() if k[2] == 101))
+    assert rt("a/") == rt("a/vcpu0/") == "0" and rt("b/") == "200000"
+    sw.apply(replace(plan, seq=2))                        # the daemon has not noticed yet
+    assert rt("a/") == "0"
+    for active, tid in (("b", 200), ("a", 100)):         # b's slot, then a's again
+        clock.now += 50 * MS
+        sw.tick()
+        assert thawed(fs, "ab") == [active]
+    assert sched.attrs[100] == SchedAttr() and sched.attrs[200] == SchedAttr()
+    assert sw.take_stats().boost_failed == {}
+    clock.now += 50 * MS
+    sw.tick()
+    assert sched.attrs[200] == SchedAttr("fifo", priority=1)    # b boosts as before
+
+
+def test_a_boost_guest_holds_rt_runtime_only_once_a_vcpu_needs_the_fifo_fallback(tmp_path):
+    fs, clock = tree(tmp_path, rt=True), Clock()
+    Exits(fs)
+    procs = Procs(fs, (100, 101))
+    rt = lambda p: fs.read(f"{CPU}/machine/{p}cpu.rt_runtime_us")
+    plan = replace(watched("boost", replace(member("a", rt=True, rt_us=100_000), boost_ms=2)), rt_top_us=900_000)
+    sw = Switcher(fs, 500 * MS, rt_top_us=900_000, sched=FakeSched().knob(fs), clock=clock)
+    sw.apply(plan)
+    assert {rt(p) for p in ("", "a/", "a/vcpu1/")} == {"0"} and sw.exits == {}   # SCHED_DEADLINE needs none
+    pinned = FakeSched(fail={"deadline": errno.EPERM})
+    sw = Switcher(fs, 500 * MS, rt_top_us=900_000, sched=pinned.knob(fs), clock=clock)
+    sw.apply(plan)
+    procs.runs(100)
+    sw.tick()
+    clock.now += POLL
+    procs.runs(100)
+    sw.tick()
+    assert pinned.attrs[101] == SchedAttr("fifo", priority=1)
+    assert rt("") == "900000" and rt("a/") == "200000" and rt("a/vcpu1/") == "100000" and len(sw.exits) == 2
+    sw.release_all()
+    assert {rt(p) for p in ("", "a/", "a/vcpu0/", "a/vcpu1/")} == {"0"} and sw.exits == {}
+
+
+def until(cond, timeout=5.0):
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "condition not met in time"
+        time.sleep(0.005)
+
+
+def test_a_guest_removed_while_holding_rt_runtime_is_named(tmp_path):
+    import shutil
+    fs, clock = tree(tmp_path, rt=True), Clock()
+    sw = Switcher(fs, 500 * MS, rt_top_us=900_000, sched=FakeSched().knob(fs), clock=clock)
+    sw.apply(gang(member("a", prio=1, rt=True, rt_us=100_000), member("b", prio=1, rt=True, rt_us=100_000),
+                  rt_top_us=900_000))
+    shutil.rmtree(fs.path(f"{CPU}/machine/a"))             # libvirt removed it first: no exit descriptor here
+    sw.apply(gang(member("b", prio=1, rt=True, rt_us=100_000), rt_top_us=900_000))
+    errors = sw.take_stats().errors
+    assert any(e.startswith(f"cgroup {CPU}/machine/a was removed holding 200000 us of RT runtime") and
+               f"against {CPU}/machine " in e for e in errors), errors
+    assert any(e.startswith(f"cgroup {CPU}/machine/a/vcpu1 was removed holding 100000 us") for e in errors), errors

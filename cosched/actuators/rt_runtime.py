@@ -9,7 +9,13 @@ first write and restores it on exit. Most distribution kernels lack the option
 and need no grants.
 
 The kernel refuses a parent holding less than its children, so grants shrink
-deepest first and grow top first. Grants are static while a guest is managed:
+deepest first and grow top first. A cgroup removed while it holds RT runtime
+is not freed (kernel 6.18: ``/proc/cgroups`` keeps counting it) and its
+runtime keeps counting against its parent: later grants there are refused
+(EINVAL) and the parent cannot be restored below it, until the kernel frees
+the group (measured: not within half an hour, gone within an hour). So a guest's grants must go back before libvirt
+removes its cgroups (the switcher watches its vCPUs exit); a grant found
+gone on release is reported. Grants are static while a guest is managed:
 revoking runtime between slots leaves the throttle's debt, and vCPUs then
 fail to freeze for 50 ms and more (measured on the development hosts).
 """
@@ -46,12 +52,14 @@ class RtGrants:
         self.fs = fs
         self.on_error = on_error
         self.originals: dict[str, str] = {}
+        self.held: dict[str, int] = {}
 
     def _write(self, path: str, value: int | str) -> None:
         """Write and check: a grant the file does not hold afterwards is an error."""
         if path not in self.originals:
             self.originals[path] = self.fs.read(path).strip()
         self.fs.write(path, str(value))
+        self.held[path] = int(value)
         held = self.fs.read(path).strip()
         if held != str(value):
             raise OSError(0, f"wrote {value}, the file holds {held}")
@@ -80,11 +88,17 @@ class RtGrants:
     def release(self, paths) -> None:
         """Put these files back to their originals, deepest first."""
         for p in sorted({p for p in paths if p in self.originals}, key=lambda p: -depth(p)):
+            held = self.held.pop(p, 0)
             try:
                 self.fs.write(p, self.originals.pop(p))
             except OSError as e:
                 if e.errno not in GONE:
                     self.on_error(f"rt runtime restore {p}: {_reason(e)}")
+                elif held > 0:
+                    group = os.path.dirname(p)
+                    self.on_error(f"cgroup {group} was removed holding {held} us of RT runtime: the kernel "
+                                  f"counts it against {os.path.dirname(group)} until it frees the group, and "
+                                  f"grants there may be refused until then")
 
     def release_all(self) -> None:
         self.release(list(self.originals))

@@ -406,22 +406,38 @@ def test_auto_coschedules_barrier_guests_and_not_sleepers(trio, sleepers, tmp_pa
 
 
 def test_guest_destroyed_mid_slot_is_harmless(trio, tmp_path):
-    """Runs last: it destroys one of the module's guests."""
+    """Runs last: it destroys one of the module's guests, from outside, while
+    the daemon manages it: two guests rotate in a gang, the third is under
+    ``relaxed``, whose laggard boosts hold RT runtime on RT group scheduling
+    kernels. That runtime goes back as the guest's QEMU exits, before libvirt
+    removes its cgroups: a removed group holding runtime would keep counting
+    against ``machine``, which could then not be restored."""
     gs, _ = trio
-    annotate_all(gs, '<policy name="gang" quantum-ms="100"/>')
+    annotate_all(gs[:2], '<policy name="gang" quantum-ms="100"/>')
+    victim = gs[2]
+    set_policy(victim.name, '<policy name="relaxed"/>')
+    machine = "/sys/fs/cgroup/cpu/machine/cpu.rt_runtime_us"
+    rt_group_sched = os.path.exists(machine)
+    before = open(machine).read() if rt_group_sched else None
     daemon = DaemonProcess(tmp_path).start()
     try:
-        wait_gang(daemon, 3, switches=5)
-        victim = gs[2]
+        wait_gang(daemon, [g.name for g in gs[:2]], switches=5)
+        daemon.wait(lambda: (daemon.domain(victim.name) or {}).get("managed"), 10, "the relaxed guest managed")
+        if rt_group_sched:
+            assert open(machine).read() != before, "no RT runtime held: nothing to give back"
         victim.destroy()
-        daemon.wait(lambda: len(daemon.status()["daemon"]["engine"]["cells"][0]["members"]) == 2, 5,
-                    "the destroyed guest leaves the cell")
+        daemon.wait(lambda: daemon.domain(victim.name) is None, 5, "the destroyed guest gone")
         alive = throughputs(gs[:2], 3.0)
         assert all(v > 0 for v in alive.values()), alive
         assert daemon.proc.poll() is None
         assert daemon.status()["daemon"]["engine"]["forced_thaws"] == 0
     finally:
         assert daemon.stop() == 0
+    log = daemon.log.read_text()
+    assert "was removed holding" not in log and "restored=all" in log, log[-3000:]
+    if rt_group_sched:
+        assert f"domain={victim.name} vcpu=" in log and "action=exited rt=given-back" in log, log[-3000:]
+        assert open(machine).read() == before
     for name in NAMES[:2]:
         for cg in vcpu_cgroups(name):
             assert open(f"{cg}/cgroup.events").read().split()[-1] == "0"
