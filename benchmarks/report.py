@@ -116,6 +116,9 @@ def summary(res: dict, agg: dict | None = None) -> str:
         f"Command: `{res['command']}`", "",
         *([f"**Incomplete:** the suite stopped after {len(res['runs'])} of {res.get('planned', '?')} runs; "
            "the tables hold those.", ""] if res.get("complete") is False else []),
+        *([f"Measured in {len(res['sittings'])} sittings ({', '.join(map(str, res['sittings']))}): the suite "
+           "was stopped and resumed; each unit (a workload at one guest count, a mixed host, the phase runs) "
+           "was measured whole in one sitting.", ""] if len(res.get("sittings", [])) > 1 else []),
         "## Throughput relative to the ideal", "",
         "Aggregate iterations per second of all guests, divided by the first guest's alone with the "
         "others paused, measured in the same repetition (mean over repetitions, min–max in brackets). "

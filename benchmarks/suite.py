@@ -53,7 +53,14 @@ Output folder (default ``benchmarks/results/suite-<time>``): ``results.json``
 ``results.json`` is written again after every run, with ``complete: false``
 until the last: a suite stopped part way (a time limit, SIGTERM, Ctrl-C)
 keeps every run it finished, and ``python -m benchmarks.report DIR`` draws
-the tables from them.
+the tables from them. ``python -m benchmarks.suite --resume DIR`` goes on
+with the same command where it stopped: it keeps every finished *unit* (a
+workload at one guest count, a mixed host, the phase runs: each unit's
+modes and repetitions measured together, on the same booted guests) and
+measures the others, a unit left half done from its start. The runs of
+that half-done unit stay in ``results.json`` under ``superseded``, and
+each run names its ``sitting``; the report says how many sittings there
+were.
 """
 from __future__ import annotations
 
@@ -84,6 +91,7 @@ PREFIX = "cosched-bench-"
 WORKLOADS = ("barrier", "deadline", "spinlock", "lu", "ep", "blocking", "pingpong")
 MODES = ("batch", "cfs", "gang", "partial", "boost", "relaxed", "auto")
 STATIC = ("cfs", "gang", "partial", "boost", "relaxed")   # what auto is judged against
+PHASE_MODES = ("cfs", "gang", "boost", "auto")
 AUTO_SETTLE = 8.0         # seconds for auto to measure and choose before a run
 MIXED = {3: ("blocking", "barrier", "pingpong"), 4: ("blocking", "barrier", "pingpong", "lu")}
 PHASE_MS = 20000
@@ -426,9 +434,30 @@ class Record:
 
     def __init__(self, path: Path, head: dict):
         self.path, self.head, self.runs = path, head, []
+        self.sitting = 0
+
+    @classmethod
+    def resume(cls, path: Path, sizes: dict[str, int]) -> "Record":
+        """The record of a stopped suite, holding the runs of its finished
+        units (``sizes``: unit -> runs it takes); the others' runs are moved
+        to ``superseded``."""
+        res = json.loads(path.read_text())
+        rec = cls(path, {k: v for k, v in res.items() if k not in ("complete", "ideal", "runs")})
+        count: dict[str, int] = {}
+        for r in res["runs"]:
+            count[r.get("unit")] = count.get(r.get("unit"), 0) + 1
+        done = {u for u, n in count.items() if u in sizes and n == sizes[u]}
+        rec.runs = [r for r in res["runs"] if r.get("unit") in done]
+        rec.head["superseded"] = res.get("superseded", []) + [r for r in res["runs"] if r.get("unit") not in done]
+        rec.head["sittings"] = res.get("sittings", [res.get("started")]) + [time.strftime("%Y-%m-%d %H:%M:%S")]
+        rec.sitting = len(rec.head["sittings"]) - 1
+        return rec
+
+    def units(self) -> set[str]:
+        return {r["unit"] for r in self.runs}
 
     def append(self, run: dict) -> None:
-        self.runs.append(run)
+        self.runs.append({**run, "sitting": self.sitting})
         self.write(complete=False)
 
     def write(self, complete: bool) -> dict:
@@ -473,10 +502,19 @@ def boot_set(workloads: list[str], vcpus: int, img, gs: list[guests.Guest] | Non
     return gs
 
 
+def units(args) -> dict[str, int]:
+    """Every unit of the suite ``args`` asks for, and how many runs it takes."""
+    out = {f"{wl} x{n}": args.reps * (1 + len(args.modes)) for wl in args.workloads for n in args.guests}
+    out.update({f"mixed x{n}": args.reps * len([m for m in args.modes if m != "batch"]) for n in args.mixed})
+    return {**out, **({"phases": len(PHASE_MODES)} if args.phases else {})}
+
+
 def run_mixed(args, daemon, img, progress, runs) -> None:
     """Guests of different workloads on one host: each alone (the others
     paused), then all together under cfs, each static policy and auto."""
     for n in args.mixed:
+        if f"mixed x{n}" in runs.units():
+            continue
         wls = MIXED[n]
         gs = boot_set(list(wls), args.vcpus, img)
         daemon.wait(lambda: all(daemon.domain(g.name) for g in gs), 10, "guests observed")
@@ -496,7 +534,7 @@ def run_mixed(args, daemon, img, progress, runs) -> None:
                     r = measure(daemon, gs, mode, args.seconds, False)
                     if r["valid"]:
                         break
-                r.update(workload="mixed", guests=n, mode=mode, rep=rep, ideal=None, notes=notes,
+                r.update(workload="mixed", unit=f"mixed x{n}", guests=n, mode=mode, rep=rep, ideal=None, notes=notes,
                          attempts=attempt + 1, alone=alone, guest_workloads={g.name: w for g, w in zip(gs, wls)})
                 runs.append(r)
                 rel = [r["per_guest"][g.name]["rate"] / alone[g.name] for g in gs if alone[g.name]]
@@ -508,9 +546,11 @@ def run_mixed(args, daemon, img, progress, runs) -> None:
 def run_phases(args, daemon, img, progress, runs) -> None:
     """Guests alternating barrier and blocking phases, under cfs, gang, boost
     and auto: per-phase throughput, and how long auto takes to follow."""
+    if "phases" in runs.units():
+        return
     gs = boot_set([f"phases phase_ms={PHASE_MS}"] * 2, args.vcpus, img)
     daemon.wait(lambda: all(daemon.domain(g.name) for g in gs), 10, "guests observed")
-    for mode in ("cfs", "gang", "boost", "auto"):
+    for mode in PHASE_MODES:
         apply_mode(daemon, gs, mode, args.settle)
         timeline = []                       # (host seconds, {guest: results so far}, {guest: mode})
         start = time.monotonic()
@@ -518,7 +558,7 @@ def run_phases(args, daemon, img, progress, runs) -> None:
             timeline.append((time.monotonic() - start, {g.name: len(g.results()) for g in gs}, modes_now(daemon, gs)))
             time.sleep(0.25)
         per_guest = {g.name: phase_figures(g.results(), timeline, g.name) for g in gs}
-        runs.append({"workload": "phases", "guests": len(gs), "mode": mode, "rep": 0, "valid": True,
+        runs.append({"workload": "phases", "unit": "phases", "guests": len(gs), "mode": mode, "rep": 0, "valid": True,
                      "ideal": None, "seconds": args.phases, "phase_ms": PHASE_MS, "per_guest": per_guest})
         progress.step(f"phases {mode}: " + ", ".join(
             f"{p['kind']} {p['rate']:.0f}/s" for p in next(iter(per_guest.values()))["phases"][:4]))
@@ -552,15 +592,20 @@ def phase_figures(results: list[dict], timeline: list, name: str) -> dict:
     return {"phases": phases}
 
 
-def run(args, out: Path) -> dict:
-    """Run the suite; every finished run is in ``out/results.json`` at once (:class:`Record`)."""
+def run(args, out: Path, resume: bool = False) -> dict:
+    """Run the suite; every finished run is in ``out/results.json`` at once
+    (:class:`Record`). ``resume``: go on with the suite stopped there."""
     img = image.build()
     services.ensure()
     guests.destroy_all(PREFIX)
     counts = sorted(args.guests)
-    mixed_modes = len([m for m in args.modes if m != "batch"])
-    progress = Progress(len(args.workloads) * len(counts) * args.reps * (1 + len(args.modes))
-                        + len(args.mixed) * args.reps * mixed_modes + (4 if args.phases else 0))
+    planned = units(args)
+    if resume:
+        runs = Record.resume(out / "results.json", planned)
+        progress = Progress(sum(n for u, n in planned.items() if u not in runs.units()))
+        print(f"resuming: {len(runs.runs)} runs of {len(runs.units())} finished units kept", flush=True)
+        return _run(args, img, counts, runs, progress)
+    progress = Progress(sum(planned.values()))
     runs = Record(out / "results.json", {
         "host": {"cpus": len(os.sched_getaffinity(0)), "kernel": platform.release(),
                  "domain_type": guests.domain_type(), "python": platform.python_version(),
@@ -570,12 +615,18 @@ def run(args, out: Path) -> dict:
                    "retries": args.retries, "min_coverage": MIN_COVERAGE, "report_ms": REPORT_MS,
                    "mixed": list(args.mixed), "phases_seconds": args.phases, "auto_settle": AUTO_SETTLE},
         "command": " ".join(["python -m benchmarks.suite", *sys.argv[1:]]),
-        "planned": progress.total})
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"), "planned": progress.total})
+    return _run(args, img, counts, runs, progress)
+
+
+def _run(args, img, counts: list[int], runs: Record, progress: Progress) -> dict:
     daemon = DaemonProcess(Path(tempfile.mkdtemp(prefix="cosched-bench-"))).start()
     try:
         for wl in args.workloads:
             gs: list[guests.Guest] = []
             for n in counts:
+                if f"{wl} x{n}" in runs.units():
+                    continue
                 boot_set([wl] * (n - len(gs)), args.vcpus, img, gs)
                 daemon.wait(lambda: all(daemon.domain(g.name) for g in gs), 10, "guests observed")
                 for rep in range(args.reps):
@@ -592,7 +643,7 @@ def run(args, out: Path) -> dict:
                                 break
                         if mode == "alone":
                             ideal = r["per_guest"][gs[0].name]["rate"] if r["valid"] else None
-                        r.update(workload=wl, guests=1 if mode == "alone" else n, mode=mode, rep=rep,
+                        r.update(workload=wl, unit=f"{wl} x{n}", guests=1 if mode == "alone" else n, mode=mode, rep=rep,
                                  ideal=ideal, notes=notes, attempts=attempt + 1)
                         runs.append(r)
                         total = sum(g["rate"] for g in r["per_guest"].values())
@@ -652,14 +703,22 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"run two guests alternating barrier and blocking ({PHASE_MS // 1000} s each) "
                          "under cfs, gang, boost and auto for SECONDS each")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--resume", type=Path, default=None, metavar="DIR",
+                    help="go on with the suite stopped in DIR, with the command it recorded")
     args = ap.parse_args(argv)
+    resume = args.resume
+    if resume:
+        res = json.loads((resume / "results.json").read_text())
+        if res.get("complete"):
+            ap.error(f"{resume} holds a finished suite")
+        args = ap.parse_args(res["command"].split()[3:])
     if os.geteuid() != 0:
         ap.error("run as root: it starts guests, the daemon and kernel tracing")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))     # clean up guests, daemon and trace
-    out = args.out or Path("benchmarks/results") / time.strftime("suite-%Y%m%d-%H%M%S")
+    out = resume or args.out or Path("benchmarks/results") / time.strftime("suite-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     print(f"results in {out}/results.json, written after every run", flush=True)
-    res = run(args, out)
+    res = run(args, out, resume=resume is not None)
     text = report.write(res, out)
     print("\n" + text + f"\nwritten to {out}/")
     return 0

@@ -207,3 +207,37 @@ def test_the_results_file_holds_every_finished_run_of_an_interrupted_suite(tmp_p
     done = rec.write(complete=True)
     assert done == json.loads(path.read_text()) and done["complete"] is True
     assert "stopped after" not in summary(done)
+
+
+def test_a_resumed_suite_keeps_finished_units_and_measures_a_half_done_one_again(tmp_path, capsys):
+    import json
+    from benchmarks.report import summary
+    from benchmarks.suite import Record, main, units
+    from types import SimpleNamespace
+    args = SimpleNamespace(workloads=["barrier", "lu"], guests=[2], modes=["cfs"], reps=1, mixed=[], phases=0)
+    sizes = units(args)
+    assert sizes == {"barrier x2": 2, "lu x2": 2}
+    path = tmp_path / "results.json"
+    head = {"host": {"cpus": 2, "kernel": "k", "domain_type": "qemu"}, "started": "day 1",
+            "command": "python -m benchmarks.suite --guests 2 --workloads barrier,lu --modes cfs --reps 1",
+            "config": {"guests": [2], "vcpus": 2, "workloads": ["barrier", "lu"], "modes": ["cfs"], "seconds": 5.0,
+                       "reps": 1, "mixed": [], "phases_seconds": 0}, "planned": 4}
+    g = lambda rate: {"rate": rate, "iters": 10, "missed": 0, "hist": {}, "hazard": None, "skew_mean_ms": None}
+    run = lambda wl, mode, rate, ideal=100.0: {"workload": wl, "unit": f"{wl} x2", "guests": 2, "mode": mode,
+                                               "rep": 0, "valid": True, "ideal": ideal, "per_guest": {"a": g(rate)},
+                                               "daemon_cpu_pct": 1.0}
+    first = Record(path, head)
+    for r in (run("barrier", "alone", 100.0), run("barrier", "cfs", 5.0), run("lu", "alone", 100.0)):
+        first.append(r)                          # stopped during lu
+    rec = Record.resume(path, sizes)
+    assert rec.units() == {"barrier x2"} and rec.sitting == 1 and rec.head["sittings"][0] == "day 1"
+    assert [r["workload"] for r in rec.head["superseded"]] == ["lu"]
+    rec.append(run("lu", "alone", 90.0, 90.0))
+    rec.append(run("lu", "cfs", 9.0, 90.0))
+    done = rec.write(complete=True)
+    assert [(r["unit"], r["sitting"]) for r in done["runs"]] == [("barrier x2", 0)] * 2 + [("lu x2", 1)] * 2
+    assert len(done["superseded"]) == 1 and done["command"] == head["command"]
+    assert "Measured in 2 sittings" in summary(done) and "| lu | 2 | 10% (10%–10%) |" in summary(done)
+    with pytest.raises(SystemExit):                # nothing to resume in a finished suite
+        main(["--resume", str(tmp_path)])
+    assert "holds a finished suite" in capsys.readouterr().err
