@@ -46,7 +46,11 @@ so neither the harness's work between turns nor a guest's resume counts. With tr
 on (the default), every non-batch run also records the kernel's scheduler
 and cgroup-freeze events of the vCPU threads (:mod:`benchmarks.trace`) and
 computes each guest's exact hazard fraction and window skew over the same
-interval (:mod:`benchmarks.stats`), for the metric-truth comparison.
+interval (:mod:`benchmarks.stats`), for the metric-truth comparison. The
+guests are paused from the interval's end until its figures are done, so
+reading and parsing the trace (millions of events under ``relaxed``) does
+not compete with busy guests for the CPUs: on 2 CPUs such a run took
+minutes.
 
 Output folder (default ``benchmarks/results/suite-<time>``): ``results.json``
 (every run, raw), ``summary.md`` and PNG plots (:mod:`benchmarks.report`).
@@ -74,7 +78,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from pathlib import Path
 
 import psutil
@@ -259,42 +263,45 @@ def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: f
     tracing = truth and mode != "batch"
     turns: dict[str, float] = {}     # batch: each guest's turn, in its own time (batch_turn)
     cgroups = {tid: v2_cgroup(pid, tid) for tid, pid in pids.items()} if tracing else {}
-    with SchedTrace(set().union(*tids.values()), cgroups, calls=True) if tracing else nullcontext() as tracer:
-        if tracer:
-            time.sleep(0.5)                   # events before t0 give each thread's state at t0
-        state0, modes0 = host_state(pids), modes_now(daemon, gs)
-        s0, c0, t0, p0 = scrape(daemon), cpu_seconds(daemon.proc.pid), time.monotonic(), proc_states(pids)
-        live0 = live_counters(gs) if mode != "batch" else {}
-        first = {g.name: len(g.results()) for g in gs}        # counted after t0: printed inside
-        if mode == "batch":
-            last = {}
-            with guests.paused(gs):
-                for g in gs:
-                    first[g.name], last[g.name], turns[g.name] = batch_turn(g, seconds / len(gs))
-        else:
-            time.sleep(seconds)
-            last = {g.name: len(g.results()) for g in gs}     # counted before t1: printed inside
-        live1 = live_counters(gs) if live0 else {}
-        s1, c1, t1, p1 = scrape(daemon), cpu_seconds(daemon.proc.pid), time.monotonic(), proc_states(pids)
-        state1, modes1 = host_state(pids), modes_now(daemon, gs)
-    span = sum(turns.values()) if turns else t1 - t0
-    per_guest = {}
-    for g in gs:
-        w = guest_window(g.results(), first[g.name], last[g.name], seconds / len(gs) if turns else span)
-        if g.name in turns:                     # batch: it ran only for its turn
-            w["rate"] *= turns[g.name] / span if span > 0 else 0.0
-        else:
-            w.update(counted(live0[g.name], live1[g.name], span, w))
-        d0, d1 = s0["domains"].get(g.name, {}), s1["domains"].get(g.name, {})
-        observed = d1.get("observed", 0) - d0.get("observed", 0)
-        n_skew = d1.get("count", 0) - d0.get("count", 0)
-        w["hazard"] = (d1.get("hazard", 0) - d0.get("hazard", 0)) / observed if observed > 0 else None
-        w["skew_mean_ms"] = 1000 * (d1.get("sum", 0) - d0.get("sum", 0)) / n_skew if n_skew > 0 else None
-        if tracer:       # skew over windows as long as cosched's were (its period stretches on a busy host)
-            width = observed / n_skew if observed > 0 and n_skew > 0 else SKEW_WINDOW
-            w["trace"] = truth_figures(tracer.events, tids[g.name], t0, t1, silent_states(p0, p1, t1 - t0), width,
-                                       tracer.calls)
-        per_guest[g.name] = w
+    with ExitStack() as held:            # guests paused after t1 stay paused until their figures are done
+        with SchedTrace(set().union(*tids.values()), cgroups, calls=True) if tracing else nullcontext() as tracer:
+            if tracer:
+                time.sleep(0.5)                   # events before t0 give each thread's state at t0
+            state0, modes0 = host_state(pids), modes_now(daemon, gs)
+            s0, c0, t0, p0 = scrape(daemon), cpu_seconds(daemon.proc.pid), time.monotonic(), proc_states(pids)
+            live0 = live_counters(gs) if mode != "batch" else {}
+            first = {g.name: len(g.results()) for g in gs}        # counted after t0: printed inside
+            if mode == "batch":
+                last = {}
+                with guests.paused(gs):
+                    for g in gs:
+                        first[g.name], last[g.name], turns[g.name] = batch_turn(g, seconds / len(gs))
+            else:
+                time.sleep(seconds)
+                last = {g.name: len(g.results()) for g in gs}     # counted before t1: printed inside
+            live1 = live_counters(gs) if live0 else {}
+            s1, c1, t1, p1 = scrape(daemon), cpu_seconds(daemon.proc.pid), time.monotonic(), proc_states(pids)
+            state1, modes1 = host_state(pids), modes_now(daemon, gs)
+            if tracer:        # the trace is read and turned into figures with the CPUs free
+                held.enter_context(guests.paused(gs))
+        span = sum(turns.values()) if turns else t1 - t0
+        per_guest = {}
+        for g in gs:
+            w = guest_window(g.results(), first[g.name], last[g.name], seconds / len(gs) if turns else span)
+            if g.name in turns:                     # batch: it ran only for its turn
+                w["rate"] *= turns[g.name] / span if span > 0 else 0.0
+            else:
+                w.update(counted(live0[g.name], live1[g.name], span, w))
+            d0, d1 = s0["domains"].get(g.name, {}), s1["domains"].get(g.name, {})
+            observed = d1.get("observed", 0) - d0.get("observed", 0)
+            n_skew = d1.get("count", 0) - d0.get("count", 0)
+            w["hazard"] = (d1.get("hazard", 0) - d0.get("hazard", 0)) / observed if observed > 0 else None
+            w["skew_mean_ms"] = 1000 * (d1.get("sum", 0) - d0.get("sum", 0)) / n_skew if n_skew > 0 else None
+            if tracer:       # skew over windows as long as cosched's were (its period stretches on a busy host)
+                width = observed / n_skew if observed > 0 and n_skew > 0 else SKEW_WINDOW
+                w["trace"] = truth_figures(tracer.events, tids[g.name], t0, t1, silent_states(p0, p1, t1 - t0), width,
+                                           tracer.calls)
+            per_guest[g.name] = w
     lat = [(s0["hist"].get(k, []), s1["hist"].get(k, [])) for k in
            ("cosched_switch_latency_seconds_bucket", "cosched_slot_lateness_seconds_bucket")]
     return {
