@@ -136,7 +136,7 @@ class FakeSched:
 
     def knob(self, fs):
         from cosched.actuators.sched import SchedKnob
-        return SchedKnob(fs, get=self.get, set=self.set)
+        return SchedKnob(fs, get=self.get, put=self.set)
 
 
 class ThreadSwitcher:

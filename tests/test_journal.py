@@ -29,7 +29,7 @@ class FakePinner:
 
 
 def knobs(fs, sched=None, pinner=None):
-    return {k.kind: k for k in (SchedKnob(fs, get=(sched or FakeSched()).get, set=(sched or FakeSched()).set),
+    return {k.kind: k for k in (SchedKnob(fs, get=(sched or FakeSched()).get, put=(sched or FakeSched()).set),
                                 FreezerKnob(fs), RtRuntimeKnob(fs), PinKnob(pinner))}
 
 
@@ -200,9 +200,9 @@ def test_a_thread_leaves_deadline_through_zero_bandwidth(fake, fs):
     # restoring a journal entry asks the thread itself (the daemon that boosted it may have died)
     threads(fake, 10)
     sched.attrs[10], sched.calls[:] = DL, []
-    entry = SchedKnob(fs, get=sched.get, set=sched.set).record(10, 1010)[1]
+    entry = SchedKnob(fs, get=sched.get, put=sched.set).record(10, 1010)[1]
     entry["attr"] = SchedAttr("other", nice=3).to_json()
-    SchedKnob(fs, get=sched.get, set=sched.set).restore(entry)
+    SchedKnob(fs, get=sched.get, put=sched.set).restore(entry)
     assert sched.calls == [(10, zero), (10, SchedAttr("other", nice=3))]
 
 

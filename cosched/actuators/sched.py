@@ -25,7 +25,6 @@ the total after 50 returns, most of them while the thread sleeps).
 """
 from __future__ import annotations
 
-import builtins
 import ctypes
 import errno
 import os
@@ -152,12 +151,12 @@ class SchedKnob:
 
     kind = KIND
 
-    def __init__(self, fs: HostFS, get=None, set=None):
+    def __init__(self, fs: HostFS, get=None, put=None):
         self.fs = fs
         self.get = get or (lambda tid: get_attr(tid))
-        self.set = set or (lambda tid, attr: set_attr(tid, attr))
+        self.set = put or (lambda tid, attr: set_attr(tid, attr))
         self._zero = zero_bandwidth(fs)
-        self._deadline: set[int] = builtins.set()     # threads this knob made deadline threads ('set' is the setter here)
+        self._deadline: set[int] = set()     # threads this knob made deadline threads
 
     def _put(self, tid: int, attr: SchedAttr, deadline_now: bool) -> None:
         if deadline_now and attr.policy != "deadline":

@@ -377,8 +377,8 @@ class Switcher:
             return None
         try:
             run, _, switch_ins = parse_schedstat(os.pread(fds[1], 128, 0))
-            if before is not None and before.on_cpu and (run, switch_ins) == (before.run_ns, before.picks):
-                return before            # not switched out since: still runnable, on that CPU
+            if before is not None and before.on_cpu and on_cpu_unchanged(before, True, run, switch_ins):
+                return before            # on a CPU and not switched out since: stat not read (the hot path)
             runnable, cpu = stat_runnable_cpu(os.pread(fds[0], 1024, 0))
             on = on_cpu_unchanged(before, runnable, run, switch_ins)
             if on is None:
@@ -429,10 +429,10 @@ class Switcher:
             if w.due > now + WATCH_POLL_NS // 4:      # not due (guests due about now share this wake-up)
                 continue
             rules = w.rules
-            w.due = now + rules.next_in * WATCH_POLL_NS
             seen = [self._see(fds, before) for fds, before in zip(w.fds, w.seen or [None] * len(w.fds))]
             w.seen = seen
             if not seen or any(s is None for s in seen):
+                w.due = now + rules.next_in * WATCH_POLL_NS
                 continue
             keys = w.keys
             if isinstance(rules, Relaxed):      # a forced thaw ends a co-stop too
