@@ -426,15 +426,21 @@ class Exits:
         os.write(self.ends[tid], b"x")
 
 
-def test_a_guest_gives_its_rt_runtime_back_as_soon_as_a_vcpu_exits(tmp_path):
-    # a removed cgroup that still holds RT runtime keeps counting against its
-    # parent (kernel 6.18): the runtime must be back before libvirt removes it
+def granted_gang(tmp_path):
+    """Guests a and b taking turns, boosted, each holding RT runtime, with exit descriptors."""
     fs, clock = tree(tmp_path, rt=True), Clock()
     exits = Exits(fs)
     sched = FakeSched()
     sw = Switcher(fs, 500 * MS, rt_top_us=900_000, sched=sched.knob(fs), clock=clock)
     plan = gang(member("a", prio=1, rt=True, rt_us=100_000), member("b", prio=1, rt=True, rt_us=100_000),
                 rt_top_us=900_000)
+    return fs, clock, exits, sched, sw, plan
+
+
+def test_a_guest_gives_its_rt_runtime_back_as_soon_as_a_vcpu_exits(tmp_path):
+    # a removed cgroup that still holds RT runtime keeps counting against its
+    # parent (kernel 6.18): the runtime must be back before libvirt removes it
+    fs, clock, exits, sched, sw, plan = granted_gang(tmp_path)
     rt = lambda p: fs.read(f"{CPU}/machine/{p}cpu.rt_runtime_us")
     down_r, down_w = os.pipe()
     up_r, up_w = os.pipe()
@@ -455,12 +461,7 @@ def test_a_guest_gives_its_rt_runtime_back_as_soon_as_a_vcpu_exits(tmp_path):
 
 
 def test_a_guest_whose_vcpu_exited_is_neither_granted_nor_boosted_again(tmp_path):
-    fs, clock = tree(tmp_path, rt=True), Clock()
-    exits = Exits(fs)
-    sched = FakeSched()
-    sw = Switcher(fs, 500 * MS, rt_top_us=900_000, sched=sched.knob(fs), clock=clock)
-    plan = gang(member("a", prio=1, rt=True, rt_us=100_000), member("b", prio=1, rt=True, rt_us=100_000),
-                rt_top_us=900_000)
+    fs, clock, exits, sched, sw, plan = granted_gang(tmp_path)
     rt = lambda p: fs.read(f"{CPU}/machine/{p}cpu.rt_runtime_us")
     sw.apply(plan)
     exits.exit(101)
