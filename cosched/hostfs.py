@@ -11,6 +11,8 @@ import errno
 import os
 from pathlib import Path
 
+from cosched.kernel import status_field
+
 PIDFD_THREAD = os.O_EXCL        # include/uapi/linux/pidfd.h (Linux 6.9): a pidfd of one thread
 
 
@@ -75,10 +77,10 @@ class HostFS:
         except OSError as e:
             if e.errno != errno.EINVAL:
                 raise ProcessLookupError(e.errno, os.strerror(e.errno)) from e
-        for line in (self.read_or(f"/proc/{tid}/status") or "").splitlines():
-            if line.startswith("Tgid:"):
-                return os.pidfd_open(int(line.split()[1]))
-        raise ProcessLookupError(errno.ESRCH, os.strerror(errno.ESRCH))
+        tgid = status_field(self.read_or(f"/proc/{tid}/status"), "Tgid")
+        if tgid is None:
+            raise ProcessLookupError(errno.ESRCH, os.strerror(errno.ESRCH))
+        return os.pidfd_open(int(tgid))
 
     def open_file(self, host_path: str, write: bool = False) -> "OpenFile":
         """``host_path`` kept open for whole reads or writes many times a second."""

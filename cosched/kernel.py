@@ -4,6 +4,8 @@
   for the sampler's hot path (the command name sits in parentheses and may
   hold spaces and parentheses, so fields are counted from the last ``)``);
 * ``/proc/PID/task/TID/schedstat``: :func:`parse_schedstat`;
+* ``/proc/.../status``: :func:`status_field` for one line, :func:`switch_outs`
+  for the watch's hot path;
 * ``cgroup.events`` of a cgroup v2 directory: :func:`events_frozen`;
 * scheduling policy numbers (``include/uapi/linux/sched.h``): :data:`POLICIES`.
 """
@@ -78,6 +80,15 @@ def switch_outs(raw: bytes) -> int:
         i = raw.index(key) + len(key)
         total += int(raw[i:raw.index(b"\n", i)])
     return total
+
+
+def status_field(text: str | None, name: str) -> str | None:
+    """The value of one ``Name:`` line of a ``/proc/.../status`` text (None without it)."""
+    for line in (text or "").splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key == name:
+            return value.strip()
+    return None
 
 
 def events_frozen(text: str | None) -> bool | None:

@@ -522,3 +522,28 @@ def test_a_guest_removed_while_holding_rt_runtime_is_named(tmp_path):
     assert any(e.startswith(f"cgroup {CPU}/machine/a was removed holding 200000 us of RT runtime") and
                f"against {CPU}/machine " in e for e in errors), errors
     assert any(e.startswith(f"cgroup {CPU}/machine/a/vcpu1 was removed holding 100000 us") for e in errors), errors
+
+
+def test_exit_fd_falls_back_to_the_process_pidfd_on_kernels_without_thread_pidfds(monkeypatch):
+    import select
+    from cosched.hostfs import PIDFD_THREAD, HostFS
+    real, asked = os.pidfd_open, []
+
+    def before_6_9(pid, flags=0):
+        asked.append((pid, flags))
+        if flags & PIDFD_THREAD:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(pid, flags)
+    monkeypatch.setattr(os, "pidfd_open", before_6_9)
+    done = threading.Event()
+    t = threading.Thread(target=done.wait)
+    t.start()
+    fd = HostFS("/").exit_fd(t.native_id)
+    try:
+        assert asked == [(t.native_id, PIDFD_THREAD), (os.getpid(), 0)]    # this process, found by its Tgid
+        done.set()
+        t.join()
+        assert select.select([fd], [], [], 0)[0] == []                      # the thread alone exiting: not yet
+    finally:
+        os.close(fd)
+    assert HostFS(str(os.sep + "nonexistent")).exit_fd(1) is None            # a fake root: nothing to watch

@@ -2,7 +2,7 @@
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from cosched.kernel import switch_outs
+from cosched.kernel import status_field, switch_outs
 from cosched.policy.watch import CALM_LOOKS, SLOWEST, Bcs, Relaxed, Seen, on_cpu_unchanged
 
 MS = 1_000_000
@@ -239,5 +239,12 @@ nonvoluntary_ctxt_switches:\t215
 
 def test_switch_outs_from_status():
     assert switch_outs(STATUS) == 232
+
+
+def test_one_field_of_status():
+    text = STATUS.decode()
+    assert status_field(text, "Tgid") == "4242" and status_field(text, "Cpus_allowed_list") == "0-1"
+    assert status_field(text, "Pid") == "4250" and status_field(text, "Cpus") is None
+    assert status_field(None, "Tgid") is None
     with pytest.raises(ValueError):
         switch_outs(STATUS[:STATUS.index(b"nonvoluntary")])          # cut short: no guess

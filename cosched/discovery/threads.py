@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 
 from cosched.hostfs import HostFS, parse_cpu_list
-from cosched.kernel import ProcStat, events_frozen, parse_stat
+from cosched.kernel import ProcStat, events_frozen, parse_stat, status_field
 from cosched.model import Vcpu
 
 _COMM = re.compile(r"^CPU (\d+)/(KVM|TCG|HVF|WHPX|NVMM)$")
@@ -79,10 +79,8 @@ def thread_stat(fs: HostFS, tid: int, pid: int | None = None) -> ProcStat | None
 
 
 def _affinity(fs: HostFS, pid: int, tid: int) -> tuple[int, ...]:
-    for line in (fs.read_or(f"/proc/{pid}/task/{tid}/status") or "").splitlines():
-        if line.startswith("Cpus_allowed_list:"):
-            return parse_cpu_list(line.split(":", 1)[1])
-    return ()
+    cpus = status_field(fs.read_or(f"/proc/{pid}/task/{tid}/status"), "Cpus_allowed_list")
+    return parse_cpu_list(cpus) if cpus is not None else ()
 
 
 def frozen(fs: HostFS, cgroup2_mount: str | None, path: str | None) -> bool | None:
