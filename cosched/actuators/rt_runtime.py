@@ -13,9 +13,10 @@ deepest first and grow top first. A cgroup removed while it holds RT runtime
 is not freed (kernel 6.18: ``/proc/cgroups`` keeps counting it) and its
 runtime keeps counting against its parent: later grants there are refused
 (EINVAL) and the parent cannot be restored below it, until the kernel frees
-the group (measured: not within half an hour, gone within an hour). So a guest's grants must go back before libvirt
-removes its cgroups (the switcher watches its vCPUs exit); a grant found
-gone on release is reported. Grants are static while a guest is managed:
+the group (measured: not within half an hour, gone within an hour). So a
+guest's grants must go back before libvirt removes its cgroups (the
+switcher watches its vCPUs exit); a grant found gone on release is
+reported. Grants are static while a guest is managed:
 revoking runtime between slots leaves the throttle's debt, and vCPUs then
 fail to freeze for 50 ms and more (measured on the development hosts).
 """
