@@ -77,7 +77,7 @@ soak: image services
 demo: image services
 	$(PY) -m testbed.demo
 
-# the full benchmark suite (about an hour on 2 CPUs, longer on a busy host); results in benchmarks/results/, written after every run
+# the full benchmark suite (about an hour and a half on 2 CPUs, longer on a busy host); results in benchmarks/results/, written after every run
 bench: image services
 	$(PY) -m benchmarks.suite --guests 2,4 --reps 2 --seconds 5 --mixed 3,4 --phases 90
 
