@@ -21,6 +21,10 @@ on the same booted guests:
    ``gang``, ``partial``, ``boost``, ...  all at once under that cosched
                 preset, switched live through the libvirt annotation.
 
+``alone`` comes first in every repetition; the modes follow in the order
+given in even repetitions and in reverse in odd ones (:func:`in_turn`), so
+that the host's drift does not always fall on the same mode.
+
 Per guest and run it records throughput and missed deadlines over exactly
 the interval, from the guest's live counters read from its memory right
 after ``t0`` and right before ``t1`` (:func:`counted`; iterations per second
@@ -509,6 +513,17 @@ def boot_set(workloads: list[str], vcpus: int, img, gs: list[guests.Guest] | Non
     return gs
 
 
+def in_turn(modes: list[str], rep: int) -> list[str]:
+    """The order of the modes in repetition ``rep``: as given in even
+    repetitions, reversed in odd ones. This host drifts from minute to
+    minute, and a mode always measured last (after the others and their
+    settling) paid for it: ``auto`` ran gang's very plan at 0.43-0.75x gang
+    as the last mode of a repetition and 1.03-1.28x when measured first
+    (``benchmarks/evidence/auto-gang-order/``). Over each pair of
+    repetitions every mode has the same mean position."""
+    return list(reversed(modes)) if rep % 2 else list(modes)
+
+
 def units(args) -> dict[str, int]:
     """Every unit of the suite ``args`` asks for, and how many runs it takes."""
     out = {f"{wl} x{n}": args.reps * (1 + len(args.modes)) for wl in args.workloads for n in args.guests}
@@ -535,7 +550,7 @@ def run_mixed(args, daemon, img, progress, runs) -> None:
                     if r["valid"]:
                         break
                 alone[g.name] = r["per_guest"][g.name]["rate"] if r["valid"] else None
-            for mode in [m for m in args.modes if m != "batch"]:
+            for mode in in_turn([m for m in args.modes if m != "batch"], rep):
                 notes = apply_mode(daemon, gs, mode, args.settle)
                 for attempt in range(1 + args.retries):
                     r = measure(daemon, gs, mode, args.seconds, False)
@@ -638,7 +653,7 @@ def _run(args, img, counts: list[int], runs: Record, progress: Progress) -> dict
                 daemon.wait(lambda: all(daemon.domain(g.name) for g in gs), 10, "guests observed")
                 for rep in range(args.reps):
                     ideal = None
-                    for mode in ("alone", *args.modes):
+                    for mode in ("alone", *in_turn(args.modes, rep)):
                         notes = apply_mode(daemon, gs, "cfs" if mode == "alone" else mode, args.settle)
                         for attempt in range(1 + args.retries):   # an invalid run is measured again
                             if mode == "alone":         # the ideal, measured next to what it normalises

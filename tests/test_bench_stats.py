@@ -241,3 +241,14 @@ def test_a_resumed_suite_keeps_finished_units_and_measures_a_half_done_one_again
     with pytest.raises(SystemExit):                # nothing to resume in a finished suite
         main(["--resume", str(tmp_path)])
     assert "holds a finished suite" in capsys.readouterr().err
+
+
+def test_no_mode_is_always_measured_last():
+    from benchmarks.suite import MODES, in_turn
+    modes = list(MODES)
+    assert len(modes) >= 3
+    orders = [in_turn(modes, rep) for rep in range(4)]
+    assert all(sorted(o) == sorted(modes) for o in orders)
+    assert {o[-1] for o in orders} == {modes[0], modes[-1]}
+    mean_place = {m: sum(o.index(m) for o in orders) / len(orders) for m in modes}
+    assert set(mean_place.values()) == {(len(modes) - 1) / 2}
