@@ -5,13 +5,14 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 APT_PACKAGES := qemu-system-x86 libvirt-daemon-system libvirt-clients libvirt-dev \
-                pkg-config gcc libc6-dev python3-venv python3-dev systemd systemd-container debootstrap
+                pkg-config gcc libc6-dev python3-venv python3-dev systemd systemd-container debootstrap \
+                clang libbpf-dev
 # for the deploy tests (promtool, a Prometheus server); without its recommended exporters
 APT_PACKAGES_LEAN := prometheus
 # what `make install` needs on a production host: no compiler, no QEMU, no Prometheus.
 # libvirt's Python binding comes from Debian (python3-libvirt), seen through a
 # --system-site-packages virtualenv, so nothing is compiled.
-RUNTIME_PACKAGES := python3 python3-venv python3-libvirt python3-psutil
+RUNTIME_PACKAGES := python3 python3-venv python3-libvirt python3-psutil libbpf1
 INSTALL_PYTHON ?= /usr/bin/python3
 
 # `make install` destinations (each can be overridden, e.g. for a staged install)
@@ -23,7 +24,7 @@ LIBDIR ?= /opt/cosched
 SYSCONFDIR ?= /etc/cosched
 UNITDIR ?= /etc/systemd/system
 
-.PHONY: deps runtime-deps venv image services test unit integration soak demo bench bench-smoke bench-scale install uninstall clean
+.PHONY: deps runtime-deps venv meter image services test unit integration soak demo bench bench-smoke bench-scale install uninstall clean
 
 missing = $$(for p in $(1); do \
 	    dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done)
@@ -52,46 +53,55 @@ $(VENV)/.installed: setup.cfg pyproject.toml | deps
 
 venv: $(VENV)/.installed
 
+# the in-kernel meter (cosched/sampler/meter.bpf.c): BPF CO-RE, so it is built
+# once and loads on any kernel with BTF; without it the sampler measures
+METER := cosched/sampler/meter.bpf.o
+$(METER): cosched/sampler/meter.bpf.c | deps
+	clang -O2 -g -Wall -target bpf -I/usr/include/$$(gcc -dumpmachine) -c $< -o $@
+
+meter: $(METER)
+
 image: deps venv
 	$(PY) -m testbed.image || { apt-get update -q && $(PY) -m testbed.image; }
 
 services: deps venv
 	$(PY) -m testbed.services
 
-unit: venv
+unit: venv meter
 	$(PY) -m pytest -q -m 'not integration' tests
 
-integration: image services
+integration: image services meter
 	$(PY) -m pytest -q -m integration tests
 
-test: image services
+test: image services meter
 	$(PY) -m pytest -q tests
 
 # the long form of the fault suite (python -m benchmarks.soak): 10,000 fuzzed configs,
 # presets, annotations and domain XML documents each, kernel errors in every actuator,
 # 100 SIGKILLs of the daemon or its switcher at random points of a rotation, 50 real and
 # 1,000 synthetic guests created and destroyed next to a rotation; a table of figures
-soak: image services
+soak: image services meter
 	$(PY) -m benchmarks.soak
 
-demo: image services
+demo: image services meter
 	$(PY) -m testbed.demo
 
 # the full benchmark suite (about an hour and a half on 2 CPUs, longer on a busy host); results in benchmarks/results/, written after every run
-bench: image services
+bench: image services meter
 	$(PY) -m benchmarks.suite --guests 2,4 --reps 2 --seconds 5 --mixed 3,4 --phases 90
 
 # costs against the number of vCPUs and guests (synthetic guests, and 100 real ones): about 15 minutes
-bench-scale: image services
+bench-scale: image services meter
 	$(PY) -m benchmarks.scale
 
 # a small run of the same harness: about 2 minutes (1.7 min on the 2-CPU development host, image and services ready)
-bench-smoke: image services
+bench-smoke: image services meter
 	$(PY) -m benchmarks.suite --guests 3 --workloads barrier,blocking --modes batch,cfs,gang --reps 1 --seconds 4
 
 # The package in its own virtualenv ($(LIBDIR)), the command, the systemd unit,
 # the configuration example (never over an existing one), dashboards, alert rules.
 install: runtime-deps
+	@test -e $(METER) || echo "note: $(METER) is not built (make meter, on a host with clang): cosched will sample /proc instead"
 	$(INSTALL_PYTHON) -m venv --system-site-packages $(LIBDIR)
 	$(LIBDIR)/bin/pip install -q --upgrade pip
 	$(LIBDIR)/bin/pip install -q .

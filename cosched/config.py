@@ -3,8 +3,8 @@
 Every key is optional; an unknown key or a value of the wrong type is an
 error naming the key. Command-line options override the file. SIGHUP
 re-reads it (see :meth:`cosched.daemon.Daemon.reload`); ``connect``,
-``metrics_address``, ``state_dir``, ``switcher_priority``, ``sources`` and
-``pve_config_dir`` need a restart.
+``metrics_address``, ``state_dir``, ``switcher_priority``, ``sources``,
+``pve_config_dir`` and ``meter`` need a restart.
 
 ``connect`` (string, default ``qemu:///system``)
     libvirt URI.
@@ -19,6 +19,13 @@ re-reads it (see :meth:`cosched.daemon.Daemon.reload`); ``connect``,
     (sampling, and what the rest of the daemon uses, which comes off first,
     down to half): on a host with many vCPUs the sampling period stretches
     beyond ``sample_interval_ms`` to stay within it (see :mod:`cosched.sampler`).
+``meter`` (``auto`` or ``off``, default ``auto``)
+    ``auto``: count hazard, contention and each vCPU's run, wait and frozen
+    time in the kernel (a BPF program on the scheduler's switch and wake-up
+    events, :mod:`cosched.sampler.meter`) where the host allows it (root,
+    BTF, libbpf, the built meter), exactly and without reading ``/proc``
+    each pass; the log and ``cosched status`` say which is in use and why.
+    ``off``: always sample ``/proc``.
 ``resync_interval_s`` (number 0.2-300, default 5)
     full rediscovery even without libvirt events.
 ``presets_dirs`` (list of strings, default ``["/etc/cosched/policies.d"]``)
@@ -66,6 +73,7 @@ class Config:
     default_policy: str = "none"
     sample_interval_ms: int = 10
     sample_budget_pct: float = 2.0
+    meter: str = "auto"
     resync_interval_s: float = 5.0
     presets_dirs: tuple[str, ...] = ("/etc/cosched/policies.d",)
     state_dir: str = "/run/cosched"
@@ -96,6 +104,7 @@ def parse_address(text: str, key: str) -> tuple[str, int]:
 
 
 SOURCES = ("libvirt", "processes")
+METER_MODES = ("auto", "off")
 _RANGES = {"sample_interval_ms": (1, 1000), "sample_budget_pct": (0.1, 100), "resync_interval_s": (0.2, 300), "max_stall_ms": (10, 10000),
            "switcher_priority": (2, 99)}
 
@@ -123,6 +132,8 @@ def _check(key: str, value: object, default: object) -> object:
             if bad or not value or len(set(value)) != len(value):
                 raise ConfigError(f"{key}: expected one or both of {', '.join(SOURCES)}, each once, got {value!r}")
         return tuple(value)
+    if key == "meter" and value not in METER_MODES:
+        raise ConfigError(f"{key}: expected one of {', '.join(METER_MODES)}, got {value!r}")
     if isinstance(default, float):
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
     else:

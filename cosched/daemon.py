@@ -244,6 +244,7 @@ class Daemon:
             "libvirt": {"uri": self.config.connect, "connected": self.source.connected, "error": self.source.last_error},
             "sample_interval_ms": self.config.sample_interval_ms,
             "sample_period_ms": 1000 * self.sampler.period,
+            "observation": {"source": self.sampler.source, "why": self.sampler.meter_error},
             "samples": self.sampler.samples,
             "late_samples": self.sampler.late,
             "last_resync_seconds": self.last_resync_s,

@@ -8,6 +8,7 @@ or an :class:`~cosched.engine.Engine` from fakes instead.
 """
 from __future__ import annotations
 
+import logging
 import threading
 
 from cosched.actuators.journal import Journal
@@ -20,6 +21,9 @@ from cosched.discovery.processes import ProcessSource
 from cosched.engine import Engine
 from cosched.hostfs import HostFS
 from cosched.sampler import Sampler
+from cosched.sampler.meter import Meter, MeterUnavailable
+
+log = logging.getLogger("cosched.wiring")
 
 
 def build_daemon(config: Config, *, dry_run: bool = False, config_path: str | None = None,
@@ -35,7 +39,18 @@ def build_daemon(config: Config, *, dry_run: bool = False, config_path: str | No
     engine = Engine(fs, Journal(config.journal_path), LibvirtPinner(libvirt.live_conn) if libvirt else None,
                     reserved_cpus=config.reserved_cpus, max_stall_ms=config.max_stall_ms,
                     switcher_priority=config.switcher_priority, dry_run=dry_run, resync=wake.set)
+    meter, why = None, "meter = \"off\" in the configuration"
+    if config.meter == "auto" and root == "/":
+        try:
+            meter = Meter.load()
+        except MeterUnavailable as e:
+            why = str(e)
+    if meter is not None:
+        log.info("action=observe source=meter")
+    else:
+        log.info("action=observe source=proc reason=%r", why)
     sampler = Sampler(fs, config.sample_interval_ms / 1000.0, latest.get, wake.set, costop=engine.costop,
-                      budget=config.sample_budget_pct / 100.0)
+                      budget=config.sample_budget_pct / 100.0, meter=meter)
+    sampler.meter_error = None if meter is not None else why
     return Daemon(config, fs=fs, source=source, engine=engine, sampler=sampler, latest=latest, wake=wake,
                   dry_run=dry_run, config_path=config_path, overrides=overrides)

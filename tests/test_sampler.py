@@ -240,3 +240,97 @@ def test_the_rest_of_the_daemon_comes_off_the_budget_down_to_half_of_it(fs):
     for _ in range(60):
         period = s.stretch(0.004, rest=0.0, elapsed=30.0)
     assert period == pytest.approx(0.2, rel=0.01)
+
+
+class FakeMeter:
+    """The meter's interface (:class:`cosched.sampler.meter.Meter`) with
+    totals the test sets: ``threads[tid] = (state, run, wait, frozen)``,
+    ``guests[number] = (hazard, partial)``, seconds since the guest was added."""
+
+    def __init__(self):
+        self.members, self.threads, self.guests, self.added, self.fail, self.closed = {}, {}, {}, [], None, False
+
+    def add(self, guest, tids):
+        self.added.append((guest, tuple(tids)))
+        self.guests[guest] = (0.0, 0.0)
+        for tid in tids:
+            self.members[tid] = guest
+            self.threads[tid] = (0, 0.0, 0.0, 0.0)
+
+    def remove(self, guest):
+        self.guests.pop(guest)
+        for tid in [t for t, g in self.members.items() if g == guest]:
+            del self.members[tid], self.threads[tid]
+
+    def read(self):
+        from cosched.sampler.meter import GuestTimes, Reading, ThreadTimes
+        if self.fail:
+            raise self.fail
+        return Reading(0, {tid: ThreadTimes(self.members[tid], *t, 0.0) for tid, t in self.threads.items()},
+                       {g: GuestTimes(*v) for g, v in self.guests.items()})
+
+    def close(self):
+        self.closed = True
+
+
+def test_metered_figures_are_the_meters_exact_totals_and_proc_is_read_once(fake, fs):
+    from cosched.sampler.meter import RUNNING, WAITING
+    snap = make_snapshot(fake, fs, {0: 101, 1: 102})
+    fake.schedstat(100, 101, 5_000_000_000, 1_000_000_000)      # what the kernel credited before the meter began
+    meter = FakeMeter()
+    s = Sampler(fs, 0.01, lambda: snap, meter=meter)
+    s.step(now_ns=0)
+    assert s.source == "meter" and meter.added == [(1, (101, 102))]
+    fake.schedstat(100, 101, 0, 0)              # never read again: nonsense here changes nothing
+    meter.threads = {101: (RUNNING, 0.008, 0.0, 0.0), 102: (WAITING, 0.002, 0.006, 0.001)}
+    meter.guests[1] = (0.006, 0.001)
+    s.step(now_ns=10_000_000)
+    view = s.view()[UUID]
+    assert view.hazard == pytest.approx(0.006) and view.partial == pytest.approx(0.001)
+    assert view.skew_sum == pytest.approx(0.007) and view.skew_count == 1       # lag: wait + frozen
+    assert [(v.run, v.wait, v.waiting) for v in view.vcpus] == [
+        (pytest.approx(5.008), pytest.approx(1.0), 0.0), (pytest.approx(0.002), pytest.approx(0.006), 0.0)]
+    meter.threads[101] = (RUNNING, 0.018, 0.0, 0.0)                       # the next window: only deltas count
+    meter.guests[1] = (0.009, 0.001)
+    s.step(now_ns=20_000_000)
+    view = s.view()[UUID]
+    assert view.hazard == pytest.approx(0.009) and view.skew_sum == pytest.approx(0.007)
+
+
+def test_a_thread_the_meter_saw_exit_requests_resync_and_a_new_one_restarts_the_guests_count(fake, fs):
+    from cosched.sampler.meter import DEAD, SLEEPING
+    snap = make_snapshot(fake, fs, {0: 101, 1: 102})
+    asked, meter = [], FakeMeter()
+    s = Sampler(fs, 0.01, lambda: current[0], on_vanished=lambda: asked.append(1), meter=meter)
+    current = [snap]
+    s.step(now_ns=0)
+    meter.threads = {101: (SLEEPING, 0.5, 0.25, 0.0), 102: (DEAD, 0.1, 0.0, 0.0)}
+    meter.guests[1] = (0.2, 0.0)
+    s.step(now_ns=10_000_000)
+    assert asked == [1] and [v.index for v in s.view()[UUID].vcpus] == [0]
+    import shutil
+    shutil.rmtree(fake.root / "proc/100/task/102")
+    current[0] = make_snapshot(fake, fs, {0: 101, 1: 103})            # vCPU 1 again, a new thread
+    s.step(now_ns=20_000_000)
+    assert meter.added == [(1, (101, 102)), (1, (101, 103))]
+    meter.threads[101] = (SLEEPING, 0.125, 0.0, 0.0)                      # counted afresh from the re-add
+    meter.guests[1] = (0.05, 0.0)
+    s.step(now_ns=30_000_000)
+    view = s.view()[UUID]
+    assert view.vcpus[0].run == pytest.approx(0.625) and view.hazard == pytest.approx(0.25)
+
+
+def test_a_failing_meter_gives_way_to_proc_sampling_and_says_so(fake, fs, caplog):
+    snap = make_snapshot(fake, fs, {0: 101, 1: 102})
+    meter = FakeMeter()
+    s = Sampler(fs, 0.01, lambda: snap, meter=meter)
+    s.step(now_ns=0)
+    meter.fail = OSError(9, "meter: cannot read threads: Bad file descriptor")
+    fake.schedstat(100, 101, 10_000_000, 0)
+    fake.schedstat(100, 102, 0, 10_000_000)
+    with caplog.at_level("ERROR", logger="cosched.sampler"):
+        s.step(now_ns=10_000_000)
+    assert s.source == "proc" and meter.closed and "Bad file descriptor" in s.meter_error
+    assert "action=meter-off" in caplog.text
+    view = s.view()[UUID]
+    assert view.hazard == pytest.approx(0.01) and [(v.run, v.wait) for v in view.vcpus] == [(0.01, 0.0), (0.0, 0.01)]

@@ -19,6 +19,17 @@ wake-up shortens the next sleep instead of drifting. How each figure is
 estimated, and its error bound, is in :mod:`cosched.sampler.estimate`.
 A thread that vanished (ESRCH/ENOENT) is dropped and ``on_vanished`` asks
 discovery for a resync.
+
+Where the in-kernel meter runs (:mod:`cosched.sampler.meter`; config key
+``meter``), a pass reads it instead of ``/proc``: every thread's run, wait
+and frozen time and every guest's hazard and partial contention, counted
+by the kernel's scheduler events, in two map reads. Hazard and partial
+contention are then exact, not estimated, and skew is the exact lag
+(wait + frozen) difference over the window. ``schedstat`` is read once per
+thread, when it is first seen, so that run and wait keep counting from the
+kernel's totals. Should the meter fail, the sampler reads ``/proc`` again
+and says so (``action=meter-off``). :attr:`Sampler.source` says which is
+in use.
 """
 from __future__ import annotations
 
@@ -35,6 +46,7 @@ from cosched.kernel import parse_schedstat, stat_runnable_cpu
 from cosched.model import Snapshot
 from cosched.histogram import Histogram
 from cosched.sampler.estimate import VcpuCarry, Window, estimate, place
+from cosched.sampler.meter import DEAD, Meter, Reading
 
 log = logging.getLogger("cosched.sampler")
 
@@ -53,6 +65,8 @@ class VcpuStats:
     stat_fd: int | None = None  # /proc/.../stat, for the thread's state
     runnable: bool = False      # state R at the last sample
     cpu: int | None = None      # host CPU at the last sample
+    base: tuple[int, int] | None = None  # metered: run and wait ns when the meter's count began
+    lag: float = 0.0            # metered: last wait + frozen seconds
 
 
 @dataclass
@@ -64,6 +78,7 @@ class DomainStats:
     observed: float = 0.0       # seconds of windows measured
     skew: Histogram = field(default_factory=lambda: Histogram(SKEW_BUCKETS))
     last_skew: float = 0.0
+    metered: tuple[float, float] = (0.0, 0.0)   # metered: last hazard and partial seconds
 
 
 @dataclass(frozen=True)
@@ -115,8 +130,13 @@ def read_state(fd: int | None) -> tuple[bool, int | None]:
 class Sampler:
     def __init__(self, fs: HostFS, interval: float, snapshot: Callable[[], Snapshot | None],
                  on_vanished: Callable[[], None] = lambda: None,
-                 costop: Callable[[], dict[tuple[str, int], float]] = dict, budget: float = 0.02):
+                 costop: Callable[[], dict[tuple[str, int], float]] = dict, budget: float = 0.02,
+                 meter: Meter | None = None):
         self.fs = fs
+        self.meter = meter
+        self.meter_error: str | None = None     # why the meter stopped, if it did
+        self._metered: dict[str, tuple[int, tuple[int, ...]]] = {}  # uuid -> (the meter's guest number, its tids)
+        self._numbers = iter(range(1, 1 << 31))
         self.interval = interval
         self.budget = budget        # fraction of one CPU the daemon's observation may take
         self.period = interval      # the period in force (stretched to stay within the budget)
@@ -167,6 +187,40 @@ class Sampler:
                     v = self._open(d.pid, tid)
                     if v is not None:
                         stats.vcpus[index] = v
+        if self.meter is not None:
+            self._follow_meter()
+
+    def _follow_meter(self) -> None:
+        """Give the meter every domain whose vCPU threads changed (it counts
+        them from now on), take away those gone."""
+        try:
+            for uuid in [u for u in self._metered if u not in self.domains]:
+                self.meter.remove(self._metered.pop(uuid)[0])
+            for uuid, stats in self.domains.items():
+                tids = tuple(stats.vcpus[i].tid for i in sorted(stats.vcpus))
+                known = self._metered.get(uuid)
+                if known and known[1] == tids and all(v.base is not None for v in stats.vcpus.values()):
+                    continue
+                number = known[0] if known else next(self._numbers)
+                self.meter.add(number, list(tids))
+                self._metered[uuid] = (number, tids)
+                for v in stats.vcpus.values():
+                    v.base, v.lag = (v.run_ns, v.wait_ns), 0.0
+                stats.metered = (0.0, 0.0)
+        except OSError as e:
+            self._meter_off(e)
+
+    def _meter_off(self, error: OSError) -> None:
+        self.meter_error = str(error)
+        log.error("action=meter-off error=%r (sampling /proc instead)", self.meter_error)
+        self.meter.close()
+        self.meter = None
+        self._metered.clear()
+
+    @property
+    def source(self) -> str:
+        """``meter`` (the in-kernel meter) or ``proc`` (schedstat samples)."""
+        return "meter" if self.meter is not None else "proc"
 
     @staticmethod
     def _close_vcpu(v: VcpuStats) -> None:
@@ -190,34 +244,19 @@ class Sampler:
                 self._last_snapshot = snap
             dt = (now_ns - self._last_ns) / 1e9 if self._last_ns is not None else 0.0
             self._last_ns = now_ns
+            reading = None
+            if self.meter is not None:
+                try:
+                    reading = self.meter.read()
+                except OSError as e:
+                    self._meter_off(e)
+            costop = self.costop() if reading is None else {}
             vanished = False
-            costop = self.costop()
             for uuid, stats in self.domains.items():
-                placed, stopped, cpus = [], [], []
-                for index in sorted(stats.vcpus):
-                    v = stats.vcpus[index]
-                    try:
-                        run, wait = read_schedstat(v.fd)
-                    except (OSError, ValueError, IndexError):
-                        self._close_vcpu(stats.vcpus.pop(index))
-                        vanished = True
-                        continue
-                    runnable, cpu = read_state(v.stat_fd)
-                    waiting, v.runnable = v.runnable and runnable, runnable
-                    stayed, v.cpu = (cpu if cpu == v.cpu else None), cpu
-                    d_run, d_wait = (run - v.run_ns) / 1e9, (wait - v.wait_ns) / 1e9
-                    v.run_ns, v.wait_ns = run, wait
-                    frozen = costop.get((uuid, index), v.costop)
-                    d_costop, v.costop = max(frozen - v.costop, 0.0), frozen
-                    if dt > 0:
-                        placed.append(place(v.carry, d_run, d_wait, dt, waiting))
-                        stopped.append(min(d_costop, dt))
-                        cpus.append(stayed)
-                if dt > 0 and placed:
-                    # a guest whose vCPUs all slept through the window (most of them, on a big host):
-                    # nothing to estimate, the window is one of no hazard, contention or skew
-                    idle = not any(r or w for r, w in placed) and not any(stopped)
-                    w = Window(dt, 0.0, 0.0, 0.0) if idle else estimate(dt, placed, stopped, cpus)
+                gone, w = (self._metered_window(uuid, stats, reading, dt) if reading is not None
+                           else self._sampled_window(uuid, stats, costop, dt))
+                vanished = vanished or gone
+                if w is not None:
                     stats.hazard += w.hazard
                     stats.partial += w.partial
                     stats.observed += dt
@@ -227,6 +266,63 @@ class Sampler:
         if vanished:
             log.info("action=vcpu-vanished resync=requested")
             self.on_vanished()
+
+    def _sampled_window(self, uuid: str, stats: DomainStats, costop: dict[tuple[str, int], float],
+                        dt: float) -> tuple[bool, Window | None]:
+        """One domain's window from its vCPUs' schedstat and stat (whether a
+        thread vanished, the window or None)."""
+        placed, stopped, cpus = [], [], []
+        vanished = False
+        for index in sorted(stats.vcpus):
+            v = stats.vcpus[index]
+            try:
+                run, wait = read_schedstat(v.fd)
+            except (OSError, ValueError, IndexError):
+                self._close_vcpu(stats.vcpus.pop(index))
+                vanished = True
+                continue
+            runnable, cpu = read_state(v.stat_fd)
+            waiting, v.runnable = v.runnable and runnable, runnable
+            stayed, v.cpu = (cpu if cpu == v.cpu else None), cpu
+            d_run, d_wait = (run - v.run_ns) / 1e9, (wait - v.wait_ns) / 1e9
+            v.run_ns, v.wait_ns = run, wait
+            frozen = costop.get((uuid, index), v.costop)
+            d_costop, v.costop = max(frozen - v.costop, 0.0), frozen
+            if dt > 0:
+                placed.append(place(v.carry, d_run, d_wait, dt, waiting))
+                stopped.append(min(d_costop, dt))
+                cpus.append(stayed)
+        if dt <= 0 or not placed:
+            return vanished, None
+        # a guest whose vCPUs all slept through the window (most of them, on a big host):
+        # nothing to estimate, the window is one of no hazard, contention or skew
+        if not any(r or w for r, w in placed) and not any(stopped):
+            return vanished, Window(dt, 0.0, 0.0, 0.0)
+        return vanished, estimate(dt, placed, stopped, cpus)
+
+    def _metered_window(self, uuid: str, stats: DomainStats, reading: Reading,
+                        dt: float) -> tuple[bool, Window | None]:
+        """One domain's window from the meter: exact hazard and partial
+        contention, and skew from each vCPU's exact lag (wait + frozen)."""
+        known = self._metered.get(uuid)
+        guest = reading.guests.get(known[0]) if known else None
+        lags, vanished = [], False
+        for index in sorted(stats.vcpus):
+            v = stats.vcpus[index]
+            t = reading.threads.get(v.tid)
+            if t is None or t.state == DEAD:
+                self._close_vcpu(stats.vcpus.pop(index))
+                vanished = True
+                continue
+            v.run_ns, v.wait_ns = v.base[0] + int(t.run * 1e9), v.base[1] + int(t.wait * 1e9)
+            lag = t.wait + t.frozen
+            lags.append(lag - v.lag)
+            v.lag = lag
+        if guest is None or dt <= 0 or not lags:
+            return vanished, None
+        hazard, partial = guest.hazard - stats.metered[0], guest.partial - stats.metered[1]
+        stats.metered = (guest.hazard, guest.partial)
+        return vanished, Window(dt, hazard, partial, max(lags) - min(lags))
 
     def stretch(self, cost: float | None, rest: float | None = None, elapsed: float = 0.0) -> float:
         """Take one pass's CPU seconds (None: not a guide) and the CPU fraction
@@ -273,6 +369,8 @@ class Sampler:
         with self.lock:
             for d in self.domains.values():
                 self._close_domain(d)
+            if self.meter is not None:
+                self.meter.close()
 
     def view(self) -> dict[str, DomainView]:
         """A consistent copy of the accumulated figures, by domain UUID."""

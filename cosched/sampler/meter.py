@@ -1,0 +1,273 @@
+"""The in-kernel meter: exact per-guest hazard and per-vCPU run, wait and frozen time.
+
+A BPF program (``meter.bpf.c``, built by ``make meter``) on the scheduler's
+``sched_switch`` and ``sched_wakeup`` tracepoints keeps the state of every
+vCPU thread it is given (running, waiting for a CPU, sleeping, frozen) and,
+per guest, the time some vCPU ran while a sibling waited (the concurrency
+hazard) and the time some waited while none ran (partial contention). The
+totals are exact to the event, at any window, whatever the number of vCPUs:
+what the sampler estimates from ``/proc`` samples, the meter counts. It needs
+root, a kernel with BTF (``/sys/kernel/btf/vmlinux``; BPF CO-RE finds the
+two ``task_struct`` fields it reads there) and libbpf (``libbpf.so.1``),
+loaded here through ctypes; the object file is built at install time with
+clang. Where any of that is missing :meth:`Meter.load` raises
+:class:`MeterUnavailable` naming what, and the sampler measures instead.
+
+The kernel credits a state when it ends; a reading adds the state in
+progress up to the reading's own clock (``CLOCK_MONOTONIC``, the clock of
+``bpf_ktime_get_ns``). A thread added is counted from its first switch or
+wake-up on: before that its state is unknown. Nothing it loads outlives the
+process: the programs and maps go with its file descriptors.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+OBJECT = Path(__file__).with_name("meter.bpf.o")
+LIBBPF = "libbpf.so.1"
+UNKNOWN, RUNNING, WAITING, SLEEPING, FROZEN, DEAD = range(6)
+BPF_ANY, BPF_F_LOCK = 0, 4
+BPF_STATS_RUN_TIME = 0
+PROGRAMS = ("on_switch", "on_wakeup")
+
+
+class MeterUnavailable(RuntimeError):
+    """The meter cannot run here; the message says why."""
+
+
+class _Thread(ctypes.Structure):
+    _fields_ = [("lock", ctypes.c_uint32), ("guest", ctypes.c_uint32), ("state", ctypes.c_uint32),
+                ("pad", ctypes.c_uint32), ("since", ctypes.c_uint64), ("run", ctypes.c_uint64),
+                ("wait", ctypes.c_uint64), ("frozen", ctypes.c_uint64)]
+
+
+class _Guest(ctypes.Structure):
+    _fields_ = [("lock", ctypes.c_uint32), ("running", ctypes.c_uint32), ("waiting", ctypes.c_uint32),
+                ("pad", ctypes.c_uint32), ("since", ctypes.c_uint64), ("hazard", ctypes.c_uint64),
+                ("partial", ctypes.c_uint64)]
+
+
+class _BatchOpts(ctypes.Structure):
+    _fields_ = [("sz", ctypes.c_size_t), ("elem_flags", ctypes.c_uint64), ("flags", ctypes.c_uint64)]
+
+
+@dataclass(frozen=True)
+class ThreadTimes:
+    """One vCPU thread's cumulative seconds since it was added, up to the reading."""
+
+    guest: int
+    state: int
+    run: float
+    wait: float
+    frozen: float
+    waiting: float          # the wait in progress at the reading (0 unless state is WAITING)
+
+
+@dataclass(frozen=True)
+class GuestTimes:
+    """One guest's cumulative hazard and partial-contention seconds, up to the reading."""
+
+    hazard: float
+    partial: float
+
+
+@dataclass(frozen=True)
+class Reading:
+    at: int                 # CLOCK_MONOTONIC ns
+    threads: dict[int, ThreadTimes]
+    guests: dict[int, GuestTimes]
+
+
+def _libbpf() -> ctypes.CDLL:
+    try:
+        lib = ctypes.CDLL(LIBBPF, use_errno=True)
+    except OSError as e:
+        raise MeterUnavailable(f"{LIBBPF} not found ({e}); install libbpf1") from None
+    p, i, u64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64
+    sigs = {
+        "bpf_object__open_file": (p, [ctypes.c_char_p, p]),
+        "bpf_object__load": (i, [p]),
+        "bpf_object__close": (None, [p]),
+        "bpf_object__find_program_by_name": (p, [p, ctypes.c_char_p]),
+        "bpf_object__find_map_by_name": (p, [p, ctypes.c_char_p]),
+        "bpf_program__attach": (p, [p]),
+        "bpf_link__destroy": (i, [p]),
+        "bpf_map__fd": (i, [p]),
+        "bpf_map_update_elem": (i, [i, p, p, u64]),
+        "bpf_map_delete_elem": (i, [i, p]),
+        "bpf_map_lookup_batch": (i, [i, p, p, p, p, ctypes.POINTER(ctypes.c_uint32), p]),
+        "bpf_enable_stats": (i, [i]),
+    }
+    for name, (res, args) in sigs.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+    return lib
+
+
+class Meter:
+    """The loaded and attached meter. :meth:`add` and :meth:`remove` say
+    which threads to follow, :meth:`read` returns every figure at once (two
+    batch lookups, whatever the number of threads)."""
+
+    def __init__(self, lib: ctypes.CDLL, obj: int, links: list[int], fds: dict[str, int]):
+        self.lib, self.obj, self.links, self.fds = lib, obj, links, fds
+        self.members: dict[int, int] = {}       # thread id -> guest
+        self.guest_ids: set[int] = set()
+
+    @classmethod
+    def load(cls, path: Path = OBJECT) -> Meter:
+        """Load and attach the meter."""
+        if not Path(path).exists():
+            raise MeterUnavailable(f"{path} is missing: build it with `make meter` (needs clang and libbpf-dev)")
+        if not Path("/sys/kernel/btf/vmlinux").exists():
+            raise MeterUnavailable("the kernel has no BTF (/sys/kernel/btf/vmlinux)")
+        lib = _libbpf()
+        obj = lib.bpf_object__open_file(str(path).encode(), None)
+        if not obj:
+            raise MeterUnavailable(f"cannot open {path}: {os.strerror(ctypes.get_errno())}")
+        links: list[int] = []
+        try:
+            if lib.bpf_object__load(obj) != 0:
+                raise MeterUnavailable(f"the kernel refused the meter: {os.strerror(ctypes.get_errno())}")
+            for name in PROGRAMS:
+                prog = lib.bpf_object__find_program_by_name(obj, name.encode())
+                link = lib.bpf_program__attach(prog) if prog else None
+                if not link:
+                    raise MeterUnavailable(f"cannot attach {name}: {os.strerror(ctypes.get_errno())}")
+                links.append(link)
+            fds = {name: lib.bpf_map__fd(lib.bpf_object__find_map_by_name(obj, name.encode()))
+                   for name in ("threads", "guests")}
+        except BaseException:
+            for link in links:
+                lib.bpf_link__destroy(link)
+            lib.bpf_object__close(obj)
+            raise
+        return cls(lib, obj, links, fds)
+
+    def close(self) -> None:
+        if self.obj is None:
+            return
+        for link in self.links:
+            self.lib.bpf_link__destroy(link)
+        self.lib.bpf_object__close(self.obj)
+        self.obj = None
+
+    def __enter__(self) -> Meter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _update(self, name: str, key: int, value: ctypes.Structure) -> None:
+        k = ctypes.c_uint32(key)
+        if self.lib.bpf_map_update_elem(self.fds[name], ctypes.byref(k), ctypes.byref(value), BPF_ANY) != 0:
+            e = ctypes.get_errno()
+            raise OSError(e, f"meter: cannot add {name[:-1]} {key}: {os.strerror(e)}")
+
+    def _delete(self, name: str, key: int) -> None:
+        k = ctypes.c_uint32(key)
+        self.lib.bpf_map_delete_elem(self.fds[name], ctypes.byref(k))
+
+    def add(self, guest: int, tids: list[int]) -> None:
+        """Follow guest number ``guest`` (any number the caller chooses) made
+        of threads ``tids``, from now on. A guest added again starts afresh."""
+        if guest in self.guest_ids:
+            self.remove(guest)
+        now = time.monotonic_ns()
+        self._update("guests", guest, _Guest(since=now))
+        self.guest_ids.add(guest)
+        for tid in tids:
+            self._update("threads", tid, _Thread(guest=guest, state=UNKNOWN, since=now))
+            self.members[tid] = guest
+
+    def remove(self, guest: int) -> None:
+        """Stop following a guest and its threads."""
+        for tid in [t for t, g in self.members.items() if g == guest]:
+            self._delete("threads", tid)
+            del self.members[tid]
+        self._delete("guests", guest)
+        self.guest_ids.discard(guest)
+
+    def _dump(self, name: str, kind: type, n: int) -> dict[int, ctypes.Structure]:
+        """Every entry of a map, each read under its lock (BPF_F_LOCK)."""
+        n = max(n, 1) + 16              # a batch holds whole hash buckets: room for one more
+        keys, values = (ctypes.c_uint32 * n)(), (kind * n)()
+        token_in, token_out, count = ctypes.c_uint32(), ctypes.c_uint32(), ctypes.c_uint32()
+        opts = _BatchOpts(ctypes.sizeof(_BatchOpts), BPF_F_LOCK, 0)
+        out: dict[int, ctypes.Structure] = {}
+        first = True
+        while True:
+            count.value = n
+            rc = self.lib.bpf_map_lookup_batch(self.fds[name], None if first else ctypes.byref(token_in),
+                                               ctypes.byref(token_out), keys, values, ctypes.byref(count),
+                                               ctypes.byref(opts))
+            e = ctypes.get_errno() if rc else 0
+            for i in range(count.value):
+                out[keys[i]] = kind.from_buffer_copy(values[i])
+            if rc and e == errno.ENOENT:
+                return out
+            if rc and e == errno.ENOSPC:
+                n *= 2
+                keys, values = (ctypes.c_uint32 * n)(), (kind * n)()
+                continue
+            if rc:
+                raise OSError(e, f"meter: cannot read {name}: {os.strerror(e)}")
+            token_in.value, first = token_out.value, False
+
+    def read(self) -> Reading:
+        """Every followed thread's and guest's cumulative times, the states in
+        progress added up to now."""
+        threads = self._dump("threads", _Thread, len(self.members))
+        guests = self._dump("guests", _Guest, len(self.guest_ids))
+        now = time.monotonic_ns()
+        tt = {}
+        for tid, t in threads.items():
+            extra = max(now - t.since, 0) / 1e9
+            tt[tid] = ThreadTimes(t.guest, t.state,
+                                  t.run / 1e9 + (extra if t.state == RUNNING else 0.0),
+                                  t.wait / 1e9 + (extra if t.state == WAITING else 0.0),
+                                  t.frozen / 1e9 + (extra if t.state == FROZEN else 0.0),
+                                  extra if t.state == WAITING else 0.0)
+        gt = {}
+        for gid, g in guests.items():
+            extra = max(now - g.since, 0) / 1e9
+            gt[gid] = GuestTimes(g.hazard / 1e9 + (extra if g.running and g.waiting else 0.0),
+                                 g.partial / 1e9 + (extra if g.waiting and not g.running else 0.0))
+        return Reading(now, tt, gt)
+
+
+@contextmanager
+def run_time_stats():
+    """While inside, the kernel counts every BPF program's run time and runs
+    (``BPF_ENABLE_STATS``: host-wide, off again when the descriptor closes),
+    for :func:`programs_run_time`. For benchmarks: the daemon never turns it on."""
+    fd = _libbpf().bpf_enable_stats(BPF_STATS_RUN_TIME)
+    if fd < 0:
+        raise OSError(-fd, f"cannot enable BPF run-time stats: {os.strerror(-fd)}")
+    try:
+        yield
+    finally:
+        os.close(fd)
+
+
+def programs_run_time(pid: int) -> tuple[float, int]:
+    """CPU seconds and runs of the BPF programs process ``pid`` holds open
+    (from ``/proc/PID/fdinfo``; counted only under :func:`run_time_stats`)."""
+    seconds, runs = 0.0, 0
+    base = Path(f"/proc/{pid}/fdinfo")
+    for entry in base.iterdir():
+        try:
+            text = entry.read_text()
+        except OSError:
+            continue
+        info = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+        if "prog_type" in info and "run_time_ns" in info:
+            seconds += int(info["run_time_ns"]) / 1e9
+            runs += int(info.get("run_cnt", "0"))
+    return seconds, runs

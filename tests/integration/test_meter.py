@@ -1,0 +1,111 @@
+"""The in-kernel meter on processes of the test's own, against the kernel's
+own accounting (schedstat) and a cgroup freeze of the test's own."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from cosched.discovery.host import cgroup_layout
+from cosched.hostfs import HostFS
+from cosched.sampler.meter import FROZEN, SLEEPING, Meter
+
+SPIN = """
+import os, sys, time
+os.sched_setaffinity(0, {%d})
+sys.stdin.readline()                      # asleep until told
+end = time.thread_time() + %f
+while time.thread_time() < end:           # CPU time, not wall time: both spin as long on one CPU
+    pass
+sys.stdout.write("done\\n"); sys.stdout.flush()
+sys.stdin.readline()
+"""
+
+
+def schedstat(pid: int) -> tuple[float, float]:
+    run, wait, _ = Path(f"/proc/{pid}/schedstat").read_text().split()
+    return int(run) / 1e9, int(wait) / 1e9
+
+
+def spinner(cpu: int, seconds: float) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", SPIN % (cpu, seconds)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+
+
+@pytest.fixture
+def meter():
+    if os.geteuid() != 0:
+        pytest.fail("the meter needs root (run `make test` as root)")
+    with Meter.load() as m:            # MeterUnavailable names what is missing: a failure, not a skip
+        yield m
+
+
+def test_two_threads_on_one_cpu_are_metered_as_the_kernel_accounts_them(meter):
+    a, b = spinner(0, 0.3), spinner(0, 0.3)
+    try:
+        time.sleep(0.3)                                    # both asleep on stdin
+        meter.add(7, [a.pid, b.pid])
+        before = {p.pid: schedstat(p.pid) for p in (a, b)}
+        first = meter.read()
+        for p in (a, b):
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        assert [p.stdout.readline() for p in (a, b)] == ["done\n", "done\n"]
+        time.sleep(0.05)
+        last = meter.read()
+        after = {p.pid: schedstat(p.pid) for p in (a, b)}
+    finally:
+        for p in (a, b):
+            p.kill()
+            p.wait()
+    assert set(last.threads) == {a.pid, b.pid} and set(last.guests) == {7}
+    for p in (a, b):
+        t = last.threads[p.pid]
+        run = after[p.pid][0] - before[p.pid][0]
+        wait = after[p.pid][1] - before[p.pid][1]
+        assert t.state == SLEEPING and t.guest == 7
+        assert run >= 0.3 and wait > 0.05, (run, wait)     # the subject: they did spin and queue
+        # exact: the kernel's own totals, up to the wake-up and start-up moments around the reads
+        assert abs(t.run - first.threads[p.pid].run - run) < 0.005, (t.run, run)
+        assert abs(t.wait - first.threads[p.pid].wait - wait) < 0.005, (t.wait, wait)
+    hazard = last.guests[7].hazard - first.guests[7].hazard
+    partial = last.guests[7].partial - first.guests[7].partial
+    # some waited (hazard if the other ran, partial if a third task had the CPU) for
+    # the union of their waits: at least the longer one, at most both together
+    waits = [after[p.pid][1] - before[p.pid][1] for p in (a, b)]
+    assert 0.98 * max(waits) - 0.01 <= hazard + partial <= sum(waits) + 0.01, (hazard, partial, waits)
+    assert hazard > 0.1, hazard              # one CPU for two: mostly one ran while the other waited
+
+
+def test_a_frozen_thread_is_metered_as_frozen_and_the_rest_of_the_host_is_not(meter):
+    mode, v2 = cgroup_layout(HostFS("/"))
+    assert v2, "no cgroup v2 tree to freeze in"
+    group = Path(tempfile.mkdtemp(prefix="cosched-test-meter-", dir=v2))
+    p = spinner(1, 2.0)
+    try:
+        (group / "cgroup.procs").write_text(str(p.pid))
+        meter.add(9, [p.pid])
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        time.sleep(0.2)
+        (group / "cgroup.freeze").write_text("1")
+        time.sleep(0.4)
+        frozen = meter.read()
+        (group / "cgroup.freeze").write_text("0")
+        time.sleep(0.2)
+        thawed = meter.read()
+    finally:
+        (group / "cgroup.freeze").write_text("0")
+        p.kill()
+        p.wait()
+        time.sleep(0.05)
+        group.rmdir()
+    t = frozen.threads[p.pid]
+    assert t.state == FROZEN and 0.3 < t.frozen < 0.5, t
+    assert thawed.threads[p.pid].state != FROZEN and abs(thawed.threads[p.pid].frozen - t.frozen) < 0.05
+    assert set(thawed.threads) == {p.pid}            # only what it was given
