@@ -188,7 +188,8 @@ def summary(res: dict, agg: dict | None = None) -> str:
                   "window skew (lag = waiting or frozen, as cosched counts it). Error: |cosched − trace| "
                   f"in percentage points, mean and worst over guests (target: within {TRUTH_TARGET_PP:g} "
                   "points). Reconstructed: the share of the threads' time whose state no event showed "
-                  "(implied by a later event, or read from /proc for a thread without events).", ""]
+                  "(implied by a later event, or read from /proc for a thread without events).", "",
+                  observed_by(res), ""]
         rows = []
         for (wl, n, m), a in sorted(agg.items(), key=lambda kv: (wls.index(kv[0][0]), kv[0][1], kv[0][2])):
             if a["trace_hazard"] is None:
@@ -243,6 +244,17 @@ def reactions(agg: dict, wls: list[str]) -> list[str]:
             "reacts within 1 ms at the median); the median time to that call where there was one.", ""] + \
         _table(["workload", "guests", "mode", "episode p50 ms", "episode p90 ms", "episodes > 1 ms",
                 "boosted within 1 ms", "reaction p50 ms"], rows)
+
+
+def observed_by(res: dict) -> str:
+    """Where the daemon's hazard and skew came from in the runs: the
+    in-kernel meter or /proc samples (runs before the meter: /proc)."""
+    runs = [r for r in _sweep(res) if r.get("mode") not in ("batch", "alone")]
+    meter = sum(1 for r in runs if (r.get("observation") or {}).get("source") == "meter")
+    names = {0: "cosched's figures: estimated from /proc samples (the sampler) in every run.",
+             len(runs): "cosched's figures: counted by the in-kernel meter in every run."}
+    return names.get(meter, f"cosched's figures: counted by the in-kernel meter in {meter} runs, estimated from "
+                            f"/proc samples in {len(runs) - meter}.")
 
 
 def spread(res: dict) -> list[str]:

@@ -321,6 +321,7 @@ def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: f
         "trace_overruns": tracer.overruns if tracer else None,
         "host_state": {"start": state0, "end": state1},
         "modes": {"start": modes0, "end": modes1},
+        "observation": (daemon.status() or {}).get("daemon", {}).get("observation"),
     }
 
 
@@ -635,14 +636,16 @@ def run(args, out: Path, resume: bool = False) -> dict:
         "config": {"guests": counts, "vcpus": args.vcpus, "workloads": list(args.workloads),
                    "modes": list(args.modes), "seconds": args.seconds, "reps": args.reps, "truth": args.truth,
                    "retries": args.retries, "min_coverage": MIN_COVERAGE, "report_ms": REPORT_MS,
-                   "mixed": list(args.mixed), "phases_seconds": args.phases, "auto_settle": AUTO_SETTLE},
+                   "mixed": list(args.mixed), "phases_seconds": args.phases, "auto_settle": AUTO_SETTLE,
+                   "meter": args.meter},
         "command": " ".join(["python -m benchmarks.suite", *sys.argv[1:]]),
         "started": time.strftime("%Y-%m-%d %H:%M:%S"), "planned": progress.total})
     return _run(args, img, counts, runs, progress)
 
 
 def _run(args, img, counts: list[int], runs: Record, progress: Progress) -> dict:
-    daemon = DaemonProcess(Path(tempfile.mkdtemp(prefix="cosched-bench-"))).start()
+    daemon = DaemonProcess(Path(tempfile.mkdtemp(prefix="cosched-bench-")),
+                           extra_config=f'meter = "{args.meter}"\n').start()
     try:
         for wl in args.workloads:
             gs: list[guests.Guest] = []
@@ -714,6 +717,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="batch, cfs, and cosched presets (gang, partial, boost, or a site preset)")
     ap.add_argument("--seconds", type=float, default=6.0, help="measurement interval per run")
     ap.add_argument("--settle", type=float, default=1.5, help="wait after a mode change")
+    ap.add_argument("--meter", choices=("auto", "off"), default="auto",
+                    help="the daemon's meter setting: its figures from the in-kernel meter (auto) or /proc (off)")
     ap.add_argument("--reps", type=int, default=2, help="repetitions of every mode")
     ap.add_argument("--retries", type=int, default=2, help="measure an invalid run again, up to this many times")
     ap.add_argument("--no-truth", dest="truth", action="store_false",
