@@ -717,8 +717,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="batch, cfs, and cosched presets (gang, partial, boost, or a site preset)")
     ap.add_argument("--seconds", type=float, default=6.0, help="measurement interval per run")
     ap.add_argument("--settle", type=float, default=1.5, help="wait after a mode change")
-    ap.add_argument("--meter", choices=("auto", "off"), default="auto",
-                    help="the daemon's meter setting: its figures from the in-kernel meter (auto) or /proc (off)")
+    ap.add_argument("--meter", choices=("auto", "off"), default="off",
+                    help="the daemon's meter setting (its default: off): its figures from the in-kernel meter "
+                         "(auto) or from /proc samples (off)")
     ap.add_argument("--reps", type=int, default=2, help="repetitions of every mode")
     ap.add_argument("--retries", type=int, default=2, help="measure an invalid run again, up to this many times")
     ap.add_argument("--no-truth", dest="truth", action="store_false",

@@ -39,7 +39,7 @@ def build_daemon(config: Config, *, dry_run: bool = False, config_path: str | No
     engine = Engine(fs, Journal(config.journal_path), LibvirtPinner(libvirt.live_conn) if libvirt else None,
                     reserved_cpus=config.reserved_cpus, max_stall_ms=config.max_stall_ms,
                     switcher_priority=config.switcher_priority, dry_run=dry_run, resync=wake.set)
-    meter, why = None, "meter = \"off\" in the configuration"
+    meter, why = None, 'meter = "off" in the configuration'
     if config.meter == "auto" and root == "/":
         try:
             meter = Meter.load()

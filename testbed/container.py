@@ -154,6 +154,7 @@ class Container:
         self.proc = subprocess.Popen(
             ["systemd-nspawn", "--quiet", "--boot", "--directory", str(self.root), "--register=no", "--keep-unit",
              "--volatile=overlay", "--console=passive", "--machine=cosched-test",
+             "--capability=CAP_BPF,CAP_PERFMON", "--system-call-filter=bpf",   # cosched's in-kernel meter
              f"--bind={self.src}:/src", f"--bind-ro={self.image_dir}:/image", f"--bind-ro={self.wheels}:/wheels"],
             stdin=subprocess.DEVNULL, stdout=open(self.log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
             env={**os.environ, **self.env})

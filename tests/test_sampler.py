@@ -250,10 +250,11 @@ class FakeMeter:
     def __init__(self):
         self.members, self.threads, self.guests, self.added, self.fail, self.closed = {}, {}, {}, [], None, False
 
-    def add(self, guest, tids):
-        self.added.append((guest, tuple(tids)))
+    def add(self, guest, states):
+        self.added.append((guest, tuple(states)))
+        self.states = dict(states)
         self.guests[guest] = (0.0, 0.0)
-        for tid in tids:
+        for tid in states:
             self.members[tid] = guest
             self.threads[tid] = (0, 0.0, 0.0, 0.0)
 
@@ -334,3 +335,18 @@ def test_a_failing_meter_gives_way_to_proc_sampling_and_says_so(fake, fs, caplog
     assert "action=meter-off" in caplog.text
     view = s.view()[UUID]
     assert view.hazard == pytest.approx(0.01) and [(v.run, v.wait) for v in view.vcpus] == [(0.01, 0.0), (0.0, 0.01)]
+
+
+def test_the_meter_starts_each_thread_in_the_state_proc_shows(fake, fs):
+    """A vCPU alone on an isolated CPU may never be switched out: the meter
+    must not wait for an event to know it runs."""
+    from cosched.sampler.meter import RUNNING, SLEEPING, WAITING
+    snap = make_snapshot(fake, fs, {0: 101, 1: 102, 2: 103})
+    for tid, ins, outs in ((101, 5, 4), (102, 5, 5)):        # on a CPU: one switch-in more than out
+        fake.stat(100, tid, "CPU/TCG", state="R")
+        fake.write(f"/proc/100/task/{tid}/schedstat", f"1000 2000 {ins}\n")
+        fake.write(f"/proc/100/task/{tid}/status",
+                   f"Name:\tCPU\nvoluntary_ctxt_switches:\t{outs - 1}\nnonvoluntary_ctxt_switches:\t1\n")
+    meter = FakeMeter()
+    Sampler(fs, 0.01, lambda: snap, meter=meter).step(now_ns=0)
+    assert meter.states == {101: RUNNING, 102: WAITING, 103: SLEEPING}

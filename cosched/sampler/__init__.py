@@ -42,11 +42,11 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from cosched.hostfs import HostFS
-from cosched.kernel import parse_schedstat, stat_runnable_cpu
+from cosched.kernel import parse_schedstat, stat_runnable_cpu, switch_outs
 from cosched.model import Snapshot
 from cosched.histogram import Histogram
 from cosched.sampler.estimate import VcpuCarry, Window, estimate, place
-from cosched.sampler.meter import DEAD, Meter, Reading
+from cosched.sampler.meter import DEAD, RUNNING, SLEEPING, UNKNOWN, WAITING, Meter, Reading
 
 log = logging.getLogger("cosched.sampler")
 
@@ -188,9 +188,25 @@ class Sampler:
                     if v is not None:
                         stats.vcpus[index] = v
         if self.meter is not None:
-            self._follow_meter()
+            self._follow_meter({d.uuid: d.pid for d in snap.domains})
 
-    def _follow_meter(self) -> None:
+    def _state_now(self, pid: int | None, v: VcpuStats) -> int:
+        """A thread's state as ``/proc`` shows it now, the meter's start (its
+        events correct it from the next one on): a vCPU that runs without
+        ever being switched out, alone on an isolated CPU, would otherwise
+        count nothing. Running or queued: one switch-in more than out, or not."""
+        if pid is None or v.fd is None or v.stat_fd is None:
+            return UNKNOWN
+        try:
+            if not read_state(v.stat_fd)[0]:
+                return SLEEPING
+            switch_ins = parse_schedstat(os.pread(v.fd, 128, 0))[2]
+            switched_out = switch_outs(self.fs.read_bytes(f"/proc/{pid}/task/{v.tid}/status"))
+        except (OSError, ValueError):
+            return UNKNOWN
+        return RUNNING if switch_ins > switched_out else WAITING
+
+    def _follow_meter(self, pids: dict[str, int | None]) -> None:
         """Give the meter every domain whose vCPU threads changed (it counts
         them from now on), take away those gone."""
         try:
@@ -202,7 +218,7 @@ class Sampler:
                 if known and known[1] == tids and all(v.base is not None for v in stats.vcpus.values()):
                     continue
                 number = known[0] if known else next(self._numbers)
-                self.meter.add(number, list(tids))
+                self.meter.add(number, {v.tid: self._state_now(pids.get(uuid), v) for v in stats.vcpus.values()})
                 self._metered[uuid] = (number, tids)
                 for v in stats.vcpus.values():
                     v.base, v.lag = (v.run_ns, v.wait_ns), 0.0

@@ -15,9 +15,10 @@ clang. Where any of that is missing :meth:`Meter.load` raises
 
 The kernel credits a state when it ends; a reading adds the state in
 progress up to the reading's own clock (``CLOCK_MONOTONIC``, the clock of
-``bpf_ktime_get_ns``). A thread added is counted from its first switch or
-wake-up on: before that its state is unknown. Nothing it loads outlives the
-process: the programs and maps go with its file descriptors.
+``bpf_ktime_get_ns``). A thread is added in the state its caller read
+(from ``/proc``), or ``UNKNOWN``, which counts in nothing until its first
+switch or wake-up. Nothing it loads outlives the process: the programs and
+maps go with their file descriptors.
 """
 from __future__ import annotations
 
@@ -174,16 +175,22 @@ class Meter:
         k = ctypes.c_uint32(key)
         self.lib.bpf_map_delete_elem(self.fds[name], ctypes.byref(k))
 
-    def add(self, guest: int, tids: list[int]) -> None:
+    def add(self, guest: int, states: dict[int, int]) -> None:
         """Follow guest number ``guest`` (any number the caller chooses) made
-        of threads ``tids``, from now on. A guest added again starts afresh."""
+        of the threads ``states`` names, each in the state given (``UNKNOWN``:
+        counted from its first switch or wake-up), from now on. A guest added
+        again starts afresh."""
         if guest in self.guest_ids:
             self.remove(guest)
         now = time.monotonic_ns()
-        self._update("guests", guest, _Guest(since=now))
+        # the guest first, counting its threads' states: from a thread's insertion on, each of its
+        # events moves both, so the counts always match the threads' states
+        running = sum(1 for state in states.values() if state == RUNNING)
+        waiting = sum(1 for state in states.values() if state == WAITING)
+        self._update("guests", guest, _Guest(running=running, waiting=waiting, since=now))
         self.guest_ids.add(guest)
-        for tid in tids:
-            self._update("threads", tid, _Thread(guest=guest, state=UNKNOWN, since=now))
+        for tid, state in states.items():
+            self._update("threads", tid, _Thread(guest=guest, state=state, since=now))
             self.members[tid] = guest
 
     def remove(self, guest: int) -> None:

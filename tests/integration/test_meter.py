@@ -1,5 +1,6 @@
 """The in-kernel meter on processes of the test's own, against the kernel's
-own accounting (schedstat) and a cgroup freeze of the test's own."""
+own accounting (schedstat) and a cgroup freeze of the test's own; and a
+daemon that counts a real guest with it."""
 from __future__ import annotations
 
 import os
@@ -13,7 +14,9 @@ import pytest
 
 from cosched.discovery.host import cgroup_layout
 from cosched.hostfs import HostFS
-from cosched.sampler.meter import FROZEN, SLEEPING, Meter
+from cosched.sampler.meter import FROZEN, SLEEPING, UNKNOWN, Meter
+from testbed import guests
+from testbed.daemon import DaemonProcess
 
 SPIN = """
 import os, sys, time
@@ -49,7 +52,7 @@ def test_two_threads_on_one_cpu_are_metered_as_the_kernel_accounts_them(meter):
     a, b = spinner(0, 0.3), spinner(0, 0.3)
     try:
         time.sleep(0.3)                                    # both asleep on stdin
-        meter.add(7, [a.pid, b.pid])
+        meter.add(7, {a.pid: UNKNOWN, b.pid: SLEEPING})    # UNKNOWN: counted from its first event
         before = {p.pid: schedstat(p.pid) for p in (a, b)}
         first = meter.read()
         for p in (a, b):
@@ -89,7 +92,7 @@ def test_a_frozen_thread_is_metered_as_frozen_and_the_rest_of_the_host_is_not(me
     p = spinner(1, 2.0)
     try:
         (group / "cgroup.procs").write_text(str(p.pid))
-        meter.add(9, [p.pid])
+        meter.add(9, {p.pid: SLEEPING})
         p.stdin.write("go\n")
         p.stdin.flush()
         time.sleep(0.2)
@@ -109,3 +112,21 @@ def test_a_frozen_thread_is_metered_as_frozen_and_the_rest_of_the_host_is_not(me
     assert t.state == FROZEN and 0.3 < t.frozen < 0.5, t
     assert thawed.threads[p.pid].state != FROZEN and abs(thawed.threads[p.pid].frozen - t.frozen) < 0.05
     assert set(thawed.threads) == {p.pid}            # only what it was given
+
+
+def test_a_daemon_with_the_meter_counts_a_real_guest_with_it(start_guest, tmp_path):
+    daemon = DaemonProcess(tmp_path, extra_config='meter = "auto"\n').start()
+    try:
+        g = start_guest("meter", workload="barrier", policy=guests.annotation("none"))
+        first, _ = daemon.wait(lambda: (d := daemon.domain(g.name)) and len(d["vcpus"]) == 2 and d, 10, "2 vCPUs")
+        # `make test` builds the meter and this kernel has BTF: nothing may make it fall back
+        assert daemon.status()["daemon"]["observation"] == {"source": "meter", "why": None}
+        time.sleep(2.0)
+        last = daemon.domain(g.name)
+        observed = last["observed_seconds"] - first["observed_seconds"]
+        ran = [b["run_seconds"] - a["run_seconds"] for a, b in zip(first["vcpus"], last["vcpus"])]
+        assert observed > 1.5 and all(r > 0.2 for r in ran), (observed, ran)   # a busy guest, counted
+        assert 0.0 <= last["hazard_seconds"] - first["hazard_seconds"] <= observed
+        assert "action=observe source=meter" in daemon.log.read_text()
+    finally:
+        assert daemon.stop() == 0, daemon.log.read_text()

@@ -24,12 +24,17 @@ from testbed import container, guests
 from testbed.image import GuestImage
 
 REPO = Path(__file__).resolve().parents[2]
+METER = REPO / "cosched/sampler/meter.bpf.o"
 NAMES = ["cosched-it-svc-a", "cosched-it-svc-b"]
 
 
 def copy_repo(dest: Path) -> None:
+    """The project's files, and the in-kernel meter built here: the container
+    has no compiler, as a production host that installs a package built
+    elsewhere."""
     files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
-    for name in filter(None, files.decode().split("\0")):
+    assert METER.exists(), f"{METER} is not built (`make test` builds it: make meter)"
+    for name in [*filter(None, files.decode().split("\0")), str(METER.relative_to(REPO))]:
         src = REPO / name
         if src.is_file():
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
@@ -129,6 +134,8 @@ def test_the_unit_under_a_real_systemd(box, guest_image):
     box.exec("env", "PIP_NO_INDEX=1", "PIP_FIND_LINKS=/wheels", "make", "-s", "-C", "/src", "install", check=True)
     assert "/usr/lib/python3/dist-packages/libvirt" in sh(box, "/opt/cosched/bin/python -c 'import libvirt; print(libvirt.__file__)'")
     # a broken site preset (a warning for journald), a fast watchdog for this test
+    # the in-kernel meter on (it is opt-in), to check that the unit's sandbox allows it
+    sh(box, "sed -i 's/^meter = \"off\"$/meter = \"auto\"/' /etc/cosched/cosched.toml && grep -q '^meter = \"auto\"$' /etc/cosched/cosched.toml")
     sh(box, "echo 'policy = 42' > /etc/cosched/policies.d/broken.toml && mkdir -p /etc/systemd/system/cosched.service.d && "
             "printf '[Service]\\nWatchdogSec=5s\\nTimeoutAbortSec=3s\\n' > /etc/systemd/system/cosched.service.d/test.conf && "
             "systemctl daemon-reload && systemctl start libvirtd.service")
@@ -143,7 +150,8 @@ def test_the_unit_under_a_real_systemd(box, guest_image):
         box.split_vcpus(name)
 
     # Type=notify: start returns once the daemon said READY
-    box.exec("systemctl", "start", "cosched", check=True)
+    started = box.exec("systemctl", "start", "cosched")
+    assert started.returncode == 0, sh(box, "journalctl -u cosched -o cat", check=False)
     props = show(box, "ActiveState", "SubState", "StatusText", "MainPID", "NRestarts")
     assert props["ActiveState"] == "active" and props["SubState"] == "running", props
     assert "guests observed" in props["StatusText"], props
@@ -163,6 +171,8 @@ def test_the_unit_under_a_real_systemd(box, guest_image):
         time.sleep(0.05)
     assert frozen_seen == set(NAMES), f"both guests take turns being frozen: {frozen_seen}"
     assert s["daemon"]["preset_errors"], "the broken preset is reported"
+    # the unit's sandbox lets the daemon load its in-kernel meter
+    assert s["daemon"]["observation"] == {"source": "meter", "why": None}, s["daemon"]["observation"]
 
     # reload keeps the same process and the rotation
     box.exec("systemctl", "reload", "cosched", check=True)
