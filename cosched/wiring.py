@@ -40,8 +40,10 @@ def build_daemon(config: Config, *, dry_run: bool = False, config_path: str | No
                     reserved_cpus=config.reserved_cpus, max_stall_ms=config.max_stall_ms,
                     switcher_priority=config.switcher_priority, dry_run=dry_run, resync=wake.set)
     meter, why = None, 'meter = "off" in the configuration'
-    if config.meter == "auto" and root == "/":
+    if config.meter == "auto":
         try:
+            if root != "/":
+                raise MeterUnavailable(f"the host's filesystem is at {root}: the meter sees only the real one")
             meter = Meter.load()
         except MeterUnavailable as e:
             why = str(e)
