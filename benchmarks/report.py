@@ -251,10 +251,12 @@ def observed_by(res: dict) -> str:
     in-kernel meter or /proc samples (runs before the meter: /proc)."""
     runs = [r for r in _sweep(res) if r.get("mode") not in ("batch", "alone")]
     meter = sum(1 for r in runs if (r.get("observation") or {}).get("source") == "meter")
-    names = {0: "cosched's figures: estimated from /proc samples (the sampler) in every run.",
-             len(runs): "cosched's figures: counted by the in-kernel meter in every run."}
-    return names.get(meter, f"cosched's figures: counted by the in-kernel meter in {meter} runs, estimated from "
-                            f"/proc samples in {len(runs) - meter}.")
+    if meter == 0:
+        return "cosched's figures: estimated from /proc samples (the sampler) in every run."
+    if meter == len(runs):
+        return "cosched's figures: counted by the in-kernel meter in every run."
+    return (f"cosched's figures: counted by the in-kernel meter in {meter} runs, estimated from "
+            f"/proc samples in {len(runs) - meter}.")
 
 
 def spread(res: dict) -> list[str]:

@@ -5,7 +5,7 @@
   hold spaces and parentheses, so fields are counted from the last ``)``);
 * ``/proc/PID/task/TID/schedstat``: :func:`parse_schedstat`;
 * ``/proc/.../status``: :func:`status_field` for one line, :func:`switch_outs`
-  for the watch's hot path;
+  and :func:`on_cpu` for the watch's hot path;
 * ``cgroup.events`` of a cgroup v2 directory: :func:`events_frozen`;
 * scheduling policy numbers (``include/uapi/linux/sched.h``): :data:`POLICIES`.
 """
@@ -80,6 +80,12 @@ def switch_outs(raw: bytes) -> int:
         i = raw.index(key) + len(key)
         total += int(raw[i:raw.index(b"\n", i)])
     return total
+
+
+def on_cpu(switch_ins: int, status: bytes) -> bool:
+    """Whether a thread is on a CPU now: switched in (``schedstat``'s third
+    field) once more than out (:func:`switch_outs` of its raw ``status``)."""
+    return switch_ins > switch_outs(status)
 
 
 def status_field(text: str | None, name: str) -> str | None:

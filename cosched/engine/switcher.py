@@ -57,7 +57,7 @@ from cosched.actuators.sched import SchedAttr, SchedKnob
 from cosched import logs
 from cosched.engine import protocol as pr
 from cosched.hostfs import HostFS
-from cosched.kernel import parse_schedstat, stat_runnable_cpu, switch_outs
+from cosched.kernel import on_cpu, parse_schedstat, stat_runnable_cpu
 from cosched.policy.plan import WATCHED
 from cosched.policy.watch import Bcs, Relaxed, Seen, on_cpu_unchanged
 
@@ -382,7 +382,7 @@ class Switcher:
             runnable, cpu = stat_runnable_cpu(os.pread(fds[0], 1024, 0))
             on = on_cpu_unchanged(before, runnable, run, switch_ins)
             if on is None:
-                on = switch_ins > switch_outs(os.pread(fds[2], 16384, 0))
+                on = on_cpu(switch_ins, os.pread(fds[2], 16384, 0))
             return Seen(runnable, cpu, run, switch_ins, on)
         except (OSError, ValueError):
             return None

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from cosched.hostfs import HostFS
-from cosched.kernel import parse_schedstat, stat_runnable_cpu, switch_outs
+from cosched.kernel import on_cpu, parse_schedstat, stat_runnable_cpu
 from cosched.model import Snapshot
 from cosched.histogram import Histogram
 from cosched.sampler.estimate import VcpuCarry, Window, estimate, place
@@ -200,11 +200,11 @@ class Sampler:
         try:
             if not read_state(v.stat_fd)[0]:
                 return SLEEPING
-            switch_ins = parse_schedstat(os.pread(v.fd, 128, 0))[2]
-            switched_out = switch_outs(self.fs.read_bytes(f"/proc/{pid}/task/{v.tid}/status"))
+            running = on_cpu(parse_schedstat(os.pread(v.fd, 128, 0))[2],
+                             self.fs.read_bytes(f"/proc/{pid}/task/{v.tid}/status"))
         except (OSError, ValueError):
             return UNKNOWN
-        return RUNNING if switch_ins > switched_out else WAITING
+        return RUNNING if running else WAITING
 
     def _follow_meter(self, pids: dict[str, int | None]) -> None:
         """Give the meter every domain whose vCPU threads changed (it counts
