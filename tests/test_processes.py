@@ -1,4 +1,7 @@
 """Guests no host libvirtd runs: QEMU command lines, Proxmox VE tags, the /proc source, affinity pinning."""
+import json
+import shutil
+
 import pytest
 from fakehost import FakeSched, ThreadSwitcher
 from test_engine import FakePinner
@@ -228,6 +231,13 @@ def test_a_proxmox_guest_gets_per_vcpu_cgroups_is_frozen_per_vcpu_and_given_back
         assert [m.name for m in plan.cells[0].members] == ["vm8006", "vm8007"]
         frozen = lambda vmid: fs.read(f"/sys/fs/cgroup/qemu.slice/{vmid}.scope/vcpu0/cgroup.freeze")
         assert sorted([frozen(8006), frozen(8007)]) == ["0", "1"]
+        # vm8007 exits: one pass gives its directories back and forgets every entry of theirs
+        mine = lambda: sorted(k for k, e in journal.entries.items() if "8007" in json.dumps(e))
+        assert any('"freeze"' in json.dumps(journal.entries[k]) for k in mine()), mine()
+        for pid in (200, 201, 202):                               # the process, and its threads at /proc/TID
+            shutil.rmtree(tmp_path / f"proc/{pid}")
+        engine.reconcile(build())
+        assert mine() == [] and not (tmp_path / "sys/fs/cgroup/qemu.slice/8007.scope/vcpu0").exists()
     finally:
         assert engine.release() == []
     assert len(journal) == 0

@@ -327,6 +327,16 @@ class Engine:
     def _collect_garbage(self, snap: Snapshot) -> None:
         """Forget journal entries whose targets are gone for good (a cgroup
         cosched made for a thread that exited is removed first)."""
+        # threads back where they were: of guests that need no cgroups of their own any more (the
+        # switcher has let them go by now), and directories of threads that exited
+        keep = {d.uuid for d in self._to_place(snap)}
+        done = {k for k, e in self.journal.entries.items() if e.get("kind") == "place" and (
+            e.get("uuid") not in keep or thread_start(self.fs, e["tid"]) != e["start_time"])}
+        if done:
+            for problem in jr.restore(self.journal, self.knobs, kinds=("place",), only=lambda e: self.placement.key(
+                    e["tid"], e["start_time"]) in done):
+                log.warning("action=unplace-failed %s", problem)
+        # then what is gone, those directories' files with them, in the same pass
         running = {d.uuid for d in snap.domains}
         gone = []
         for key, e in self.journal.entries.items():
@@ -337,15 +347,6 @@ class Engine:
             elif kind in self.knobs and not self.knobs[kind].exists(e):
                 gone.append(key)
         self.journal.forget(gone)
-        # threads back where they were: of guests that need no cgroups of their own any more (the
-        # switcher has let them go by now), and directories of threads that exited
-        keep = {d.uuid for d in self._to_place(snap)}
-        done = {k for k, e in self.journal.entries.items() if e.get("kind") == "place" and (
-            e.get("uuid") not in keep or thread_start(self.fs, e["tid"]) != e["start_time"])}
-        if done:
-            for problem in jr.restore(self.journal, self.knobs, kinds=("place",), only=lambda e: self.placement.key(
-                    e["tid"], e["start_time"]) in done):
-                log.warning("action=unplace-failed %s", problem)
 
     # -- the switcher ---------------------------------------------------
     def _message(self, p: Plan) -> pr.Plan:
