@@ -15,6 +15,7 @@ from guard_rules import install  # noqa: E402
 
 # The scheduling guard (tests/guard): in this process, and in every Python
 # process a test starts (daemons, switchers, the CLI) through sitecustomize.
+os.environ.setdefault("COSCHED_TEST_SESSION_PID", str(os.getpid()))   # the parent of the synthetic guests
 GUARD_LOG = Path(os.environ.setdefault("COSCHED_TEST_GUARD_LOG", f"/tmp/cosched-test-guard-{os.getpid()}.log"))
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE / "guard"), os.environ.get("PYTHONPATH")]))
 install()
