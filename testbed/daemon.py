@@ -54,7 +54,8 @@ class DaemonProcess:
     def status(self) -> dict | None:
         from cosched.control import request
         try:
-            return request(f"{self.state_dir}/cosched.sock", timeout=3)
+            # a daemon starved by busy guests on a 2-CPU host may answer late; late is an answer
+            return request(f"{self.state_dir}/cosched.sock", timeout=10)
         except (OSError, ValueError):
             return None
 
