@@ -251,9 +251,16 @@ def apply_mode(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, settle:
                   {c["boost_failed"] for c in engine["cells"] if c.get("boost_failed")})
 
 
-def modes_now(daemon: DaemonProcess, gs: list[guests.Guest]) -> dict[str, str | None]:
-    doms = {d["name"]: d for d in (daemon.status() or {}).get("domains", [])}
-    return {g.name: (doms.get(g.name) or {}).get("mode") for g in gs}
+def modes_now(daemon: DaemonProcess, gs: list[guests.Guest]) -> tuple[dict[str, str | None], dict[str, int]]:
+    """Each guest's mode now, and the switcher's boost counts so far: ``made``
+    (its guests' boosts) and ``without_room`` (long waits left unboosted,
+    every boost being taken). The counts come with the switcher's stats, once
+    a second, so a difference of two is off by up to a second's worth."""
+    status = daemon.status() or {}
+    doms = {d["name"]: d for d in status.get("domains", [])}
+    made = sum(v.get("boosts", 0) for g in gs for v in (doms.get(g.name) or {}).get("vcpus", []))
+    return ({g.name: (doms.get(g.name) or {}).get("mode") for g in gs},
+            {"made": made, "without_room": status.get("daemon", {}).get("engine", {}).get("boosts_without_room", 0)})
 
 
 # -- one measurement -----------------------------------------------------------
@@ -271,7 +278,7 @@ def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: f
         with SchedTrace(set().union(*tids.values()), cgroups, calls=True) if tracing else nullcontext() as tracer:
             if tracer:
                 time.sleep(0.5)                   # events before t0 give each thread's state at t0
-            state0, modes0 = host_state(pids), modes_now(daemon, gs)
+            state0, (modes0, boosts0) = host_state(pids), modes_now(daemon, gs)
             s0, c0, t0, p0 = scrape(daemon), cpu_seconds(daemon.proc.pid), time.monotonic(), proc_states(pids)
             live0 = live_counters(gs) if mode != "batch" else {}
             first = {g.name: len(g.results()) for g in gs}        # counted after t0: printed inside
@@ -285,7 +292,7 @@ def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: f
                 last = {g.name: len(g.results()) for g in gs}     # counted before t1: printed inside
             live1 = live_counters(gs) if live0 else {}
             s1, c1, t1, p1 = scrape(daemon), cpu_seconds(daemon.proc.pid), time.monotonic(), proc_states(pids)
-            state1, modes1 = host_state(pids), modes_now(daemon, gs)
+            state1, (modes1, boosts1) = host_state(pids), modes_now(daemon, gs)
             if tracer:        # the trace is read and turned into figures with the CPUs free
                 held.enter_context(guests.paused(gs))
         span = sum(turns.values()) if turns else t1 - t0
@@ -321,6 +328,7 @@ def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: f
         "trace_overruns": tracer.overruns if tracer else None,
         "host_state": {"start": state0, "end": state1},
         "modes": {"start": modes0, "end": modes1},
+        "boosts": {k: boosts1[k] - boosts0[k] for k in boosts0},
         "observation": (daemon.status() or {}).get("daemon", {}).get("observation"),
     }
 
@@ -578,7 +586,7 @@ def run_phases(args, daemon, img, progress, runs) -> None:
         timeline = []                       # (host seconds, {guest: results so far}, {guest: mode})
         start = time.monotonic()
         while time.monotonic() - start < args.phases:
-            timeline.append((time.monotonic() - start, {g.name: len(g.results()) for g in gs}, modes_now(daemon, gs)))
+            timeline.append((time.monotonic() - start, {g.name: len(g.results()) for g in gs}, modes_now(daemon, gs)[0]))
             time.sleep(0.25)
         per_guest = {g.name: phase_figures(g.results(), timeline, g.name) for g in gs}
         runs.append({"workload": "phases", "unit": "phases", "guests": len(gs), "mode": mode, "rep": 0, "valid": True,

@@ -278,6 +278,24 @@ def test_bcs_boosts_with_sched_deadline_and_returns_to_the_recorded_attributes(t
     assert all(fs.read(f"{CG2}/machine/a/vcpu{i}/cgroup.freeze") == "0" for i in range(2))   # boost never freezes
 
 
+def test_long_waits_left_for_want_of_room_are_counted(tmp_path):
+    """Two guests each co-starting a sibling stacked on its runner's CPU need
+    two boosts each; with room for two, one guest's long wait waits on."""
+    fs, clock, sched = tree(tmp_path), Clock(), FakeSched()
+    procs = Procs(fs, (100, 101, 200, 201))
+    sw = Switcher(fs, 500 * MS, sched=sched.knob(fs), clock=clock)
+    sw.apply(watched("boost", replace(member("a"), boost_ms=2), replace(member("b"), boost_ms=2), max_boosted=2))
+    sw.tick()
+    for _ in range(2):
+        clock.now += POLL
+        procs.runs(100)
+        procs.runs(200)                                # vCPU 0 of each runs, vCPU 1 stays queued on its CPU
+        sw.tick()
+    boosted = {tid for tid, attr in sched.attrs.items() if attr.policy == "deadline"}
+    assert boosted in ({100, 101}, {200, 201}), sched.attrs
+    assert sw.take_stats().boosts_without_room == 1
+
+
 def test_bcs_sees_a_vcpu_running_between_ticks_as_running(tmp_path):
     """Run time grows only at a tick or switch-out: a vCPU on its CPU for a
     while shows no change, as a queued one; the switch counts tell them apart."""

@@ -109,8 +109,10 @@ def test_bcs_respects_the_room_it_is_given():
     threads[0].runs(MS)
     poll(bcs, 0, threads)
     threads[0].runs(MS)
-    assert poll(bcs, 1 * MS, threads, room=2).boost == [1, 2]
+    acts = poll(bcs, 1 * MS, threads, room=2)
+    assert acts.boost == [1, 2] and acts.no_room == 1          # vCPU 3 waits on: counted
     assert poll(Bcs(4, 2 * MS), 0, threads, room=0).boost == []
+    assert poll(bcs, 1.5 * MS, threads, room=0).no_room == 0   # the same wait of vCPU 3: counted once
 
 
 def test_bcs_boosts_only_a_wait_seen_at_two_looks():

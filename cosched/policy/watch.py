@@ -36,7 +36,9 @@ change. Per poll, a vCPU
     switched in again only after it lost its CPU), when it blocks, or after
     ``boost-ms``; the same vCPU is then not boosted again for ``boost-ms``.
     Never more boosts at once than the switcher allows (``room``): the
-    waiting first, then the runners.
+    waiting first, then the runners. A long wait left unboosted because
+    the room was taken is counted (``no_room``; status's
+    ``boosts_without_room``).
 
     Only a *long* wait is boosted: a vCPU seen waiting at two looks in a
     row, not switched in between. Most waits are a woken vCPU's wait for
@@ -112,6 +114,7 @@ class Actions:
     unboost: list[int] = field(default_factory=list)
     freeze: list[int] = field(default_factory=list)
     thaw: list[int] = field(default_factory=list)
+    no_room: int = 0         # long waits left unboosted for the first time: the room was taken
 
 
 @dataclass
@@ -122,6 +125,7 @@ class _Vcpu:
     progress: int = 0
     frozen: bool = False
     wait_picks: int | None = None    # its switch-ins when the last look found it waiting
+    refused: int | None = None       # its switch-ins when a wait of it was last left for want of room
 
 
 def _waiting(vcpus: list[_Vcpu], seen: list[Seen]) -> list[bool]:
@@ -198,6 +202,11 @@ class Bcs:
                 stacked = [j for j in running if seen[j].cpu == s.cpu and s.cpu is not None
                            and self.vcpus[j].boosted_at is None]
                 if room < 1 + len(stacked[:1]):
+                    for k in range(i, len(seen)):             # each wait counted once, at its first refusal
+                        w = self.vcpus[k]
+                        if waited[k] and w.boosted_at is None and now >= w.quiet_until and w.refused != seen[k].picks:
+                            w.refused = seen[k].picks
+                            out.no_room += 1
                     break
                 for j in stacked[:1]:                 # the runner first: the second boost pushes one away
                     self._start(j, now, seen, out)
