@@ -17,9 +17,9 @@ The kernel credits a state when it ends; a reading adds the state in
 progress up to the reading's own clock (``CLOCK_MONOTONIC``, the clock of
 ``bpf_ktime_get_ns``): on a virtual host a vCPU's run time therefore
 includes what the hypervisor underneath stole from its CPU, which the
-kernel's own run time (and so the sampler) leaves out. A thread is added in the state its caller read
-(from ``/proc``), or ``UNKNOWN``, which counts in nothing until its first
-switch or wake-up. Nothing it loads outlives the process: the programs and
+kernel's own run time (and so the sampler) leaves out. A thread is added
+in the state its caller read (from ``/proc``), or ``UNKNOWN``, which
+counts in nothing until its first switch or wake-up. Nothing it loads outlives the process: the programs and
 maps go with their file descriptors.
 """
 from __future__ import annotations
