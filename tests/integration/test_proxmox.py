@@ -16,6 +16,7 @@ as it found it, on SIGTERM and through ``cosched reset`` after a SIGKILL.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -68,8 +69,10 @@ class PveGuest:
         return tree
 
     def iterations(self) -> int:
-        lines = [ln for ln in self.console.read_text(errors="replace").splitlines() if "cosched-result" in ln]
-        return int(lines[-1].split("iters=")[1].split()[0]) if lines else 0
+        """The iterations on the last complete result line (one still being written may be cut short)."""
+        done = self.console.read_text(errors="replace").rpartition("\n")[0]
+        counts = re.findall(r"cosched-result.* iters=(\d+)", done)
+        return int(counts[-1]) if counts else 0
 
     def destroy(self) -> None:
         try:
