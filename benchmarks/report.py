@@ -86,9 +86,9 @@ def aggregate(res: dict) -> dict:
             "lateness_p99_ms": _mean([r.get("slot_lateness_p99_ms") for r in rs]),
             "notes": sorted({n for r in rs for n in r.get("notes", [])}),
             "overruns": sum(r.get("trace_overruns") or 0 for r in rs),
-            # runs recorded before the switcher counted them have no "boosts"
-            **{f"boosts_{k}": sum(r["boosts"][k] for r in rs) if all("boosts" in r for r in rs) else None
-               for k in ("made", "without_room")},
+            # runs recorded before the switcher counted them lack these
+            **{f"boosts_{k}": sum(r["boosts"][k] for r in rs) if all(k in r.get("boosts", {}) for r in rs) else None
+               for k in ("made", "room", "pause")},
         }
     return out
 
@@ -238,7 +238,7 @@ def reactions(agg: dict, wls: list[str]) -> list[str]:
         if e and m in ("cfs", "boost", "relaxed", "auto"):
             rows.append([wl, str(n), m, _num(e["p50_ms"]), _num(e["p90_ms"]), str(e["long"]),
                          _pct(e["in_time"], 0), _num(e["reaction_p50_ms"]),
-                         _num(a["boosts_made"], "{}"), _num(a["boosts_without_room"], "{}")])
+                         _num(a["boosts_made"], "{}"), _num(a["boosts_room"], "{}"), _num(a["boosts_pause"], "{}")])
     if not rows:
         return []
     return ["", "### Hazard episodes and boost reaction (trace)", "",
@@ -246,10 +246,11 @@ def reactions(agg: dict, wls: list[str]) -> list[str]:
             "the median and p90 (mean over guests); of the episodes longer than 1 ms, the share in which a "
             "`sched_setattr` reached that vCPU within 1 ms of the episode's start (over half: `boost` "
             "reacts within 1 ms at the median); the median time to that call where there was one. From the "
-            "daemon, over all repetitions: the boosts it made, and the long waits it saw and left unboosted "
-            "because as many vCPUs as the pool has CPUs were boosted already (each wait counted once).", ""] + \
+            "daemon, over all repetitions: the boosts it made, and the long waits it saw and held back, "
+            "each counted once under the first reason: as many vCPUs as the pool has CPUs boosted already "
+            "(room), or its vCPU boosted less than `boost-ms` before (pause).", ""] + \
         _table(["workload", "guests", "mode", "episode p50 ms", "episode p90 ms", "episodes > 1 ms",
-                "boosted within 1 ms", "reaction p50 ms", "boosts", "waits left for room"], rows)
+                "boosted within 1 ms", "reaction p50 ms", "boosts", "held: room", "held: pause"], rows)
 
 
 def observed_by(res: dict) -> str:

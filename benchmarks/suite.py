@@ -253,14 +253,16 @@ def apply_mode(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, settle:
 
 def modes_now(daemon: DaemonProcess, gs: list[guests.Guest]) -> tuple[dict[str, str | None], dict[str, int]]:
     """Each guest's mode now, and the switcher's boost counts so far: ``made``
-    (its guests' boosts) and ``without_room`` (long waits left unboosted,
-    every boost being taken). The counts come with the switcher's stats, once
-    a second, so a difference of two is off by up to a second's worth."""
+    (its guests' boosts), ``room`` and ``pause`` (long waits held back: every
+    boost taken, or boosted less than ``boost-ms`` before). The counts come
+    with the switcher's stats, once a second, so a difference of two is off
+    by up to a second's worth."""
     status = daemon.status() or {}
     doms = {d["name"]: d for d in status.get("domains", [])}
     made = sum(v.get("boosts", 0) for g in gs for v in (doms.get(g.name) or {}).get("vcpus", []))
+    held = status.get("daemon", {}).get("engine", {}).get("long_waits_held", {})
     return ({g.name: (doms.get(g.name) or {}).get("mode") for g in gs},
-            {"made": made, "without_room": status.get("daemon", {}).get("engine", {}).get("boosts_without_room", 0)})
+            {"made": made, "room": held.get("room", 0), "pause": held.get("pause", 0)})
 
 
 # -- one measurement -----------------------------------------------------------

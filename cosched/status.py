@@ -84,7 +84,7 @@ def document(snap: Snapshot | None, views: Mapping, plan: Plan, stats, live: Map
         "realtime_switcher": stats.realtime,
         "switches": dict(stats.switches),
         "forced_thaws": stats.forced_thaws,
-        "boosts_without_room": stats.boosts_without_room,
+        "long_waits_held": {"room": 0, "pause": 0, **stats.long_waits_held},
         "errors": list(stats.errors)[-10:],
         "switch_latency_p99_seconds": stats.latency.quantile(0.99),
         "slot_lateness_p99_seconds": stats.lateness.quantile(0.99),

@@ -293,7 +293,7 @@ def test_long_waits_left_for_want_of_room_are_counted(tmp_path):
         sw.tick()
     boosted = {tid for tid, attr in sched.attrs.items() if attr.policy == "deadline"}
     assert boosted in ({100, 101}, {200, 201}), sched.attrs
-    assert sw.take_stats().boosts_without_room == 1
+    assert sw.take_stats().long_waits_held == {"room": 1}
 
 
 def test_bcs_sees_a_vcpu_running_between_ticks_as_running(tmp_path):

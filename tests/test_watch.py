@@ -76,9 +76,12 @@ def test_bcs_ends_a_boost_after_boost_ms_and_waits_as_long_before_the_next():
     a.runs(MS)
     assert poll(bcs, 2 * MS, [a, b]).unboost == []     # 1 ms boosted: still on
     a.runs(MS)
-    assert poll(bcs, 3 * MS, [a, b]).unboost == [0, 1]  # 2 ms: off, though b never ran
+    acts = poll(bcs, 3 * MS, [a, b])
+    assert acts.unboost == [0, 1]                      # 2 ms: off, though b never ran
+    assert acts.held == {"pause": 1}                   # and b, waiting on, is held back: counted
     a.runs(MS)
-    assert poll(bcs, 4 * MS, [a, b]).boost == []       # quiet for boost-ms
+    acts = poll(bcs, 4 * MS, [a, b])
+    assert acts.boost == [] and acts.held == {}        # quiet for boost-ms; the same wait counted once
     a.runs(MS)
     assert poll(bcs, 5 * MS, [a, b]).boost == [1, 0]
 
@@ -110,9 +113,9 @@ def test_bcs_respects_the_room_it_is_given():
     poll(bcs, 0, threads)
     threads[0].runs(MS)
     acts = poll(bcs, 1 * MS, threads, room=2)
-    assert acts.boost == [1, 2] and acts.no_room == 1          # vCPU 3 waits on: counted
+    assert acts.boost == [1, 2] and acts.held == {"room": 1}    # vCPU 3 waits on: counted
     assert poll(Bcs(4, 2 * MS), 0, threads, room=0).boost == []
-    assert poll(bcs, 1.5 * MS, threads, room=0).no_room == 0   # the same wait of vCPU 3: counted once
+    assert poll(bcs, 1.5 * MS, threads, room=0).held == {}      # the same wait of vCPU 3: counted once
 
 
 def test_bcs_boosts_only_a_wait_seen_at_two_looks():

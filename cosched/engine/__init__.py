@@ -63,7 +63,7 @@ class EngineStats:
     costops: dict[tuple[str, int], int] = field(default_factory=dict)    # (uuid, vcpu) -> co-stops
     boosts: dict[tuple[str, int], int] = field(default_factory=dict)     # (uuid, vcpu) -> boosts
     forced_thaws: int = 0
-    boosts_without_room: int = 0
+    long_waits_held: dict[str, int] = field(default_factory=dict)     # why -> long waits not boosted
     errors: deque = field(default_factory=lambda: deque(maxlen=50))
     active: dict[str, str] = field(default_factory=dict)
     boost_failed: dict[str, str] = field(default_factory=dict)
@@ -494,7 +494,8 @@ class Engine:
                 s.costops[key] = s.costops.get(key, 0) + t.costops
                 s.boosts[key] = s.boosts.get(key, 0) + t.boosts
             s.forced_thaws += msg.forced_thaws
-            s.boosts_without_room += msg.boosts_without_room
+            for why, n in msg.long_waits_held.items():
+                s.long_waits_held[why] = s.long_waits_held.get(why, 0) + n
             s.errors.extend(msg.errors)
             s.active = dict(msg.active)
             s.boost_failed = dict(msg.boost_failed)

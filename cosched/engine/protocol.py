@@ -95,7 +95,7 @@ class Stats:
     lateness_ns: tuple[int, ...] = ()
     tallies: tuple[Tally, ...] = ()
     forced_thaws: int = 0
-    boosts_without_room: int = 0            # long waits of watched guests left unboosted: every boost taken
+    long_waits_held: dict[str, int] = field(default_factory=dict)  # watched guests' long waits not boosted, by why
     errors: tuple[str, ...] = ()
     active: dict[str, str] = field(default_factory=dict)        # cell -> uuid of the member in its slot
     boost_failed: dict[str, str] = field(default_factory=dict)  # cell -> why it runs freeze-only

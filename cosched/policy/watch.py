@@ -36,9 +36,10 @@ change. Per poll, a vCPU
     switched in again only after it lost its CPU), when it blocks, or after
     ``boost-ms``; the same vCPU is then not boosted again for ``boost-ms``.
     Never more boosts at once than the switcher allows (``room``): the
-    waiting first, then the runners. A long wait left unboosted because
-    the room was taken is counted (``no_room``; status's
-    ``boosts_without_room``).
+    waiting first, then the runners. A long wait left unboosted is
+    counted once, under the first reason: ``room`` (every boost the
+    switcher allows is taken) or ``pause`` (its vCPU was boosted less than
+    ``boost-ms`` ago); status's ``long_waits_held``.
 
     Only a *long* wait is boosted: a vCPU seen waiting at two looks in a
     row, not switched in between. Most waits are a woken vCPU's wait for
@@ -114,7 +115,7 @@ class Actions:
     unboost: list[int] = field(default_factory=list)
     freeze: list[int] = field(default_factory=list)
     thaw: list[int] = field(default_factory=list)
-    no_room: int = 0         # long waits left unboosted for the first time: the room was taken
+    held: dict[str, int] = field(default_factory=dict)   # long waits newly held back, by why: room, pause
 
 
 @dataclass
@@ -125,7 +126,7 @@ class _Vcpu:
     progress: int = 0
     frozen: bool = False
     wait_picks: int | None = None    # its switch-ins when the last look found it waiting
-    refused: int | None = None       # its switch-ins when a wait of it was last left for want of room
+    held: int | None = None          # its switch-ins when a long wait of it was last held back
 
 
 def _waiting(vcpus: list[_Vcpu], seen: list[Seen]) -> list[bool]:
@@ -176,6 +177,13 @@ class Bcs:
                 v.boosted_at, v.quiet_until = None, now + self.boost_ns
                 out.unboost.append(i)
 
+    def _held(self, i: int, seen: list[Seen], out: Actions, why: str) -> None:
+        """Count a long wait held back, once per wait (under the first reason)."""
+        v = self.vcpus[i]
+        if v.held != seen[i].picks:
+            v.held = seen[i].picks
+            out.held[why] = out.held.get(why, 0) + 1
+
     def _start(self, i: int, now: int, seen: list[Seen], out: Actions) -> None:
         v = self.vcpus[i]
         v.boosted_at, v.boost_picks = now, seen[i].picks
@@ -195,19 +203,20 @@ class Bcs:
             waiting, waited = self._long_waits(seen)
             self._pace(waiting, waited, running)
         if running if trigger is None else trigger:
+            full = False
             for i, s in enumerate(seen):
                 v = self.vcpus[i]
-                if not waited[i] or v.boosted_at is not None or now < v.quiet_until:
+                if not waited[i] or v.boosted_at is not None:
+                    continue
+                if now < v.quiet_until:
+                    self._held(i, seen, out, "pause")
                     continue
                 stacked = [j for j in running if seen[j].cpu == s.cpu and s.cpu is not None
                            and self.vcpus[j].boosted_at is None]
-                if room < 1 + len(stacked[:1]):
-                    for k in range(i, len(seen)):             # each wait counted once, at its first refusal
-                        w = self.vcpus[k]
-                        if waited[k] and w.boosted_at is None and now >= w.quiet_until and w.refused != seen[k].picks:
-                            w.refused = seen[k].picks
-                            out.no_room += 1
-                    break
+                if full or room < 1 + len(stacked[:1]):
+                    full = True                       # the room goes in order: the later ones wait too
+                    self._held(i, seen, out, "room")
+                    continue
                 for j in stacked[:1]:                 # the runner first: the second boost pushes one away
                     self._start(j, now, seen, out)
                     room -= 1
