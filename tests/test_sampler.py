@@ -267,7 +267,7 @@ class FakeMeter:
         from cosched.sampler.meter import GuestTimes, Reading, ThreadTimes
         if self.fail:
             raise self.fail
-        return Reading(0, {tid: ThreadTimes(self.members[tid], *t, 0.0) for tid, t in self.threads.items()},
+        return Reading({tid: ThreadTimes(self.members[tid], *t) for tid, t in self.threads.items()},
                        {g: GuestTimes(*v) for g, v in self.guests.items()})
 
     def close(self):

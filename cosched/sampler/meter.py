@@ -69,7 +69,6 @@ class ThreadTimes:
     run: float
     wait: float
     frozen: float
-    waiting: float          # the wait in progress at the reading (0 unless state is WAITING)
 
 
 @dataclass(frozen=True)
@@ -82,7 +81,6 @@ class GuestTimes:
 
 @dataclass(frozen=True)
 class Reading:
-    at: int                 # CLOCK_MONOTONIC ns
     threads: dict[int, ThreadTimes]
     guests: dict[int, GuestTimes]
 
@@ -241,14 +239,13 @@ class Meter:
             tt[tid] = ThreadTimes(t.guest, t.state,
                                   t.run / 1e9 + (extra if t.state == RUNNING else 0.0),
                                   t.wait / 1e9 + (extra if t.state == WAITING else 0.0),
-                                  t.frozen / 1e9 + (extra if t.state == FROZEN else 0.0),
-                                  extra if t.state == WAITING else 0.0)
+                                  t.frozen / 1e9 + (extra if t.state == FROZEN else 0.0))
         gt = {}
         for gid, g in guests.items():
             extra = max(now - g.since, 0) / 1e9
             gt[gid] = GuestTimes(g.hazard / 1e9 + (extra if g.running and g.waiting else 0.0),
                                  g.partial / 1e9 + (extra if g.waiting and not g.running else 0.0))
-        return Reading(now, tt, gt)
+        return Reading(tt, gt)
 
 
 @contextmanager
