@@ -13,6 +13,7 @@ from typing import Mapping
 
 from cosched.model import Domain, Snapshot
 from cosched.policy.plan import Plan
+from cosched.policy.watch import HELD
 
 INFO, WARNING = logging.INFO, logging.WARNING
 
@@ -84,7 +85,7 @@ def document(snap: Snapshot | None, views: Mapping, plan: Plan, stats, live: Map
         "realtime_switcher": stats.realtime,
         "switches": dict(stats.switches),
         "forced_thaws": stats.forced_thaws,
-        "long_waits_held": {"room": 0, "pause": 0, **stats.long_waits_held},
+        "long_waits_held": {why: stats.long_waits_held.get(why, 0) for why in HELD},
         "errors": list(stats.errors)[-10:],
         "switch_latency_p99_seconds": stats.latency.quantile(0.99),
         "slot_lateness_p99_seconds": stats.lateness.quantile(0.99),

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -63,7 +63,7 @@ class EngineStats:
     costops: dict[tuple[str, int], int] = field(default_factory=dict)    # (uuid, vcpu) -> co-stops
     boosts: dict[tuple[str, int], int] = field(default_factory=dict)     # (uuid, vcpu) -> boosts
     forced_thaws: int = 0
-    long_waits_held: dict[str, int] = field(default_factory=dict)     # why -> long waits not boosted
+    long_waits_held: Counter = field(default_factory=Counter)         # why -> long waits not boosted
     errors: deque = field(default_factory=lambda: deque(maxlen=50))
     active: dict[str, str] = field(default_factory=dict)
     boost_failed: dict[str, str] = field(default_factory=dict)
@@ -494,8 +494,7 @@ class Engine:
                 s.costops[key] = s.costops.get(key, 0) + t.costops
                 s.boosts[key] = s.boosts.get(key, 0) + t.boosts
             s.forced_thaws += msg.forced_thaws
-            for why, n in msg.long_waits_held.items():
-                s.long_waits_held[why] = s.long_waits_held.get(why, 0) + n
+            s.long_waits_held.update(msg.long_waits_held)
             s.errors.extend(msg.errors)
             s.active = dict(msg.active)
             s.boost_failed = dict(msg.boost_failed)

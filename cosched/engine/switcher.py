@@ -47,6 +47,7 @@ import select
 import signal
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -158,7 +159,7 @@ class Counters:
     costops: dict[tuple[str, int], int] = field(default_factory=dict)
     boosts: dict[tuple[str, int], int] = field(default_factory=dict)
     refused: int = 0                 # watched boosts the kernel's deadline admission refused
-    held: dict[str, int] = field(default_factory=dict)   # long waits of watched guests held back, by why
+    held: Counter = field(default_factory=Counter)      # long waits of watched guests held back, by why
     forced_thaws: int = 0
     errors: list[str] = field(default_factory=list)
 
@@ -442,8 +443,7 @@ class Switcher:
             acts = rules.step(now, seen, 0 if w.boost_failed else max(room, 0))
             w.due = now + rules.next_in * WATCH_POLL_NS
             if not w.boost_failed:
-                for why, n in acts.held.items():
-                    self.counters.held[why] = self.counters.held.get(why, 0) + n
+                self.counters.held.update(acts.held)
             for i in acts.unboost:
                 self._unboost(keys[i])
                 room += 1
@@ -639,7 +639,7 @@ class Switcher:
             switches=c.switches, latency_ns=tuple(c.latency_ns), lateness_ns=tuple(c.lateness_ns),
             tallies=tuple(pr.Tally(uuid, vcpu, c.costop_ns.get((uuid, vcpu), 0), c.costops.get((uuid, vcpu), 0),
                                    c.boosts.get((uuid, vcpu), 0)) for uuid, vcpu in vcpus),
-            forced_thaws=c.forced_thaws, long_waits_held=c.held, errors=tuple(c.errors),
+            forced_thaws=c.forced_thaws, long_waits_held=dict(c.held), errors=tuple(c.errors),
             active={cell.id: cell.members[cell.active].uuid for cell in self.cells.values() if cell.members},
             boost_failed=failed, released=released)
 

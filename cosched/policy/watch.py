@@ -78,6 +78,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+HELD = ("room", "pause")   # why a long wait was not boosted (Actions.held; status's long_waits_held)
 CALM_LOOKS = 16      # looks without a long wait before a boost guest is looked at half as often
 SLOWEST = 16         # at most every 16th poll (8 ms)
 

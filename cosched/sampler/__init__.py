@@ -134,7 +134,7 @@ class Sampler:
                  meter: Meter | None = None):
         self.fs = fs
         self.meter = meter
-        self.meter_error: str | None = None     # why the meter stopped, if it did
+        self.meter_error: str | None = None     # why the meter is not in use: not loaded (set by wiring), or failed
         self._metered: dict[str, tuple[int, tuple[int, ...]]] = {}  # uuid -> (the meter's guest number, its tids)
         self._numbers = iter(range(1, 1 << 31))
         self.interval = interval
