@@ -22,6 +22,7 @@ from pathlib import Path
 from statistics import mean, median, pstdev
 
 from benchmarks.stats import hist_add, hist_cdf, hist_quantile, jain, nearest_rank
+from cosched.policy.watch import HELD
 
 TRUTH_TARGET_PP = 5.0
 
@@ -88,7 +89,7 @@ def aggregate(res: dict) -> dict:
             "overruns": sum(r.get("trace_overruns") or 0 for r in rs),
             # runs recorded before the switcher counted them lack these
             **{f"boosts_{k}": sum(r["boosts"][k] for r in rs) if all(k in r.get("boosts", {}) for r in rs) else None
-               for k in ("made", "room", "pause")},
+               for k in ("made", *HELD)},
         }
     return out
 
@@ -238,7 +239,7 @@ def reactions(agg: dict, wls: list[str]) -> list[str]:
         if e and m in ("cfs", "boost", "relaxed", "auto"):
             rows.append([wl, str(n), m, _num(e["p50_ms"]), _num(e["p90_ms"]), str(e["long"]),
                          _pct(e["in_time"], 0), _num(e["reaction_p50_ms"]),
-                         _num(a["boosts_made"], "{}"), _num(a["boosts_room"], "{}"), _num(a["boosts_pause"], "{}")])
+                         *(_num(a[f"boosts_{k}"], "{}") for k in ("made", *HELD))])
     if not rows:
         return []
     return ["", "### Hazard episodes and boost reaction (trace)", "",
@@ -250,7 +251,7 @@ def reactions(agg: dict, wls: list[str]) -> list[str]:
             "each counted once under the first reason: as many vCPUs as the pool has CPUs boosted already "
             "(room), or its vCPU boosted less than `boost-ms` before (pause).", ""] + \
         _table(["workload", "guests", "mode", "episode p50 ms", "episode p90 ms", "episodes > 1 ms",
-                "boosted within 1 ms", "reaction p50 ms", "boosts", "held: room", "held: pause"], rows)
+                "boosted within 1 ms", "reaction p50 ms", "boosts", *(f"held: {why}" for why in HELD)], rows)
 
 
 def observed_by(res: dict) -> str:

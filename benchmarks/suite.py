@@ -92,6 +92,7 @@ from benchmarks import report
 from benchmarks.stats import (RUNNABLE, RUNNING, SLEEPING, episode_figures, frozen_at, hazard_episodes,
                               hist_delta, reconstructed, states_at, timelines, trace_figures, window_skews)
 from benchmarks.trace import SchedTrace
+from cosched.policy.watch import HELD
 from testbed import guests, image, services
 from testbed.daemon import DaemonProcess
 
@@ -251,18 +252,19 @@ def apply_mode(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, settle:
                   {c["boost_failed"] for c in engine["cells"] if c.get("boost_failed")})
 
 
-def modes_now(daemon: DaemonProcess, gs: list[guests.Guest]) -> tuple[dict[str, str | None], dict[str, int]]:
-    """Each guest's mode now, and the switcher's boost counts so far: ``made``
-    (its guests' boosts), ``room`` and ``pause`` (long waits held back: every
-    boost taken, or boosted less than ``boost-ms`` before). The counts come
-    with the switcher's stats, once a second, so a difference of two is off
-    by up to a second's worth."""
+def daemon_now(daemon: DaemonProcess, gs: list[guests.Guest]) -> dict:
+    """What the daemon says now, in one status read: each guest's ``modes``,
+    the switcher's ``boosts`` so far (``made`` for these guests, and the long
+    waits it held back, by why: :data:`~cosched.policy.watch.HELD`), and its
+    ``observation`` source. The boost counts come with the switcher's stats,
+    once a second, so a difference of two is off by up to a second's worth."""
     status = daemon.status() or {}
     doms = {d["name"]: d for d in status.get("domains", [])}
     made = sum(v.get("boosts", 0) for g in gs for v in (doms.get(g.name) or {}).get("vcpus", []))
     held = status.get("daemon", {}).get("engine", {}).get("long_waits_held", {})
-    return ({g.name: (doms.get(g.name) or {}).get("mode") for g in gs},
-            {"made": made, "room": held.get("room", 0), "pause": held.get("pause", 0)})
+    return {"modes": {g.name: (doms.get(g.name) or {}).get("mode") for g in gs},
+            "boosts": {"made": made, **{why: held.get(why, 0) for why in HELD}},
+            "observation": status.get("daemon", {}).get("observation")}
 
 
 # -- one measurement -----------------------------------------------------------
@@ -280,7 +282,7 @@ def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: f
         with SchedTrace(set().union(*tids.values()), cgroups, calls=True) if tracing else nullcontext() as tracer:
             if tracer:
                 time.sleep(0.5)                   # events before t0 give each thread's state at t0
-            state0, (modes0, boosts0) = host_state(pids), modes_now(daemon, gs)
+            state0, said0 = host_state(pids), daemon_now(daemon, gs)
             s0, c0, t0, p0 = scrape(daemon), cpu_seconds(daemon.proc.pid), time.monotonic(), proc_states(pids)
             live0 = live_counters(gs) if mode != "batch" else {}
             first = {g.name: len(g.results()) for g in gs}        # counted after t0: printed inside
@@ -294,7 +296,7 @@ def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: f
                 last = {g.name: len(g.results()) for g in gs}     # counted before t1: printed inside
             live1 = live_counters(gs) if live0 else {}
             s1, c1, t1, p1 = scrape(daemon), cpu_seconds(daemon.proc.pid), time.monotonic(), proc_states(pids)
-            state1, (modes1, boosts1) = host_state(pids), modes_now(daemon, gs)
+            state1, said1 = host_state(pids), daemon_now(daemon, gs)
             if tracer:        # the trace is read and turned into figures with the CPUs free
                 held.enter_context(guests.paused(gs))
         span = sum(turns.values()) if turns else t1 - t0
@@ -329,9 +331,9 @@ def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: f
         "daemon_cpu_pct": 100.0 * (c1 - c0) / (t1 - t0),
         "trace_overruns": tracer.overruns if tracer else None,
         "host_state": {"start": state0, "end": state1},
-        "modes": {"start": modes0, "end": modes1},
-        "boosts": {k: boosts1[k] - boosts0[k] for k in boosts0},
-        "observation": (daemon.status() or {}).get("daemon", {}).get("observation"),
+        "modes": {"start": said0["modes"], "end": said1["modes"]},
+        "boosts": {k: said1["boosts"][k] - said0["boosts"][k] for k in said0["boosts"]},
+        "observation": said1["observation"],
     }
 
 
@@ -588,7 +590,7 @@ def run_phases(args, daemon, img, progress, runs) -> None:
         timeline = []                       # (host seconds, {guest: results so far}, {guest: mode})
         start = time.monotonic()
         while time.monotonic() - start < args.phases:
-            timeline.append((time.monotonic() - start, {g.name: len(g.results()) for g in gs}, modes_now(daemon, gs)[0]))
+            timeline.append((time.monotonic() - start, {g.name: len(g.results()) for g in gs}, daemon_now(daemon, gs)["modes"]))
             time.sleep(0.25)
         per_guest = {g.name: phase_figures(g.results(), timeline, g.name) for g in gs}
         runs.append({"workload": "phases", "unit": "phases", "guests": len(gs), "mode": mode, "rep": 0, "valid": True,
