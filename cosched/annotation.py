@@ -37,7 +37,8 @@ set with ``qm set VMID --tags cosched-gang``). The grammar::
 The longest run of words naming a preset selects it (so a site preset may
 have dashes in its name); each following word sets one parameter, by a
 one-letter alias (:data:`TAG_ALIASES`: ``q`` quantum-ms, ``w`` weight, ``p``
-priority, ``b`` boost-ms, ``s`` costop-ms, ``t`` costart-ms, ``d`` dwell-s)
+priority, ``b`` boost-ms, ``r`` pause-ms, ``s`` costop-ms, ``t`` costart-ms,
+``d`` dwell-s)
 and an integer, or is ``boost`` / ``noboost``. ``cosched-gang-q20-w2``:
 gang, 20 ms quanta, weight 2. ``auto``'s ``allow`` cannot be written in a
 tag (Proxmox's tags allow no commas). A guest may carry one ``cosched-``
@@ -169,7 +170,7 @@ def extra_spec_policy(value: str, presets: Presets) -> PolicySpec:
 
 
 TAG_PREFIX = "cosched-"
-TAG_ALIASES = {"q": "quantum-ms", "w": "weight", "p": "priority", "b": "boost-ms", "s": "costop-ms",
+TAG_ALIASES = {"q": "quantum-ms", "w": "weight", "p": "priority", "b": "boost-ms", "r": "pause-ms", "s": "costop-ms",
                "t": "costart-ms", "d": "dwell-s"}
 
 

@@ -51,7 +51,7 @@ def test_on_cpu_follows_from_the_last_poll_only_while_nothing_changed():
 # -- boost (BCS) -----------------------------------------------------------
 def test_bcs_boosts_a_waiting_sibling_until_it_has_run_and_holds_the_runner_meanwhile():
     a, b = Thread(cpu=0), Thread(cpu=1)
-    bcs = Bcs(2, boost_ns=2 * MS)
+    bcs = Bcs(2, boost_ns=2 * MS, pause_ns=2 * MS)
     b.sleeps()
     assert poll(bcs, 0, [a, b]).boost == []            # a queued, b idle: nobody to co-start with
     a.runs(MS)
@@ -66,9 +66,9 @@ def test_bcs_boosts_a_waiting_sibling_until_it_has_run_and_holds_the_runner_mean
     assert acts.unboost == [1] and acts.boost == [] and bcs.boosted == [0]
 
 
-def test_bcs_ends_a_boost_after_boost_ms_and_waits_as_long_before_the_next():
+def test_bcs_ends_a_boost_after_boost_ms_and_pauses_pause_ms_before_the_next():
     a, b = Thread(cpu=0), Thread(cpu=1)
-    bcs = Bcs(2, boost_ns=2 * MS)
+    bcs = Bcs(2, boost_ns=2 * MS, pause_ns=2 * MS)
     a.runs(MS)
     poll(bcs, 0, [a, b])
     a.runs(MS)
@@ -81,24 +81,50 @@ def test_bcs_ends_a_boost_after_boost_ms_and_waits_as_long_before_the_next():
     assert acts.held == {"pause": 1}                   # and b, waiting on, is held back: counted
     a.runs(MS)
     acts = poll(bcs, 4 * MS, [a, b])
-    assert acts.boost == [] and acts.held == {}        # quiet for boost-ms; the same wait counted once
+    assert acts.boost == [] and acts.held == {}        # quiet for pause-ms; the same wait counted once
     a.runs(MS)
     assert poll(bcs, 5 * MS, [a, b]).boost == [1, 0]
 
 
+def test_bcs_pause_ms_zero_boosts_again_from_the_next_look():
+    a, b = Thread(cpu=0), Thread(cpu=1)
+    bcs = Bcs(2, boost_ns=2 * MS, pause_ns=0)
+    a.runs(MS)
+    poll(bcs, 0, [a, b])
+    a.runs(MS)
+    assert poll(bcs, 1 * MS, [a, b]).boost == [1, 0]
+    a.runs(MS)
+    poll(bcs, 2 * MS, [a, b])
+    a.runs(MS)
+    acts = poll(bcs, 3 * MS, [a, b])                   # boost-ms over: off, not on again in the same look
+    assert (acts.unboost, acts.boost, acts.held) == ([0, 1], [], {"pause": 1})
+    a.runs(MS)
+    assert poll(bcs, 3.5 * MS, [a, b]).boost == [1, 0]  # the next look: b still waits, boosted again
+
+
 def test_bcs_boosts_the_runner_first_when_siblings_share_a_cpu():
     a, b = Thread(cpu=1), Thread(cpu=1)                # CFS stacked both on CPU 1
-    bcs = Bcs(2, boost_ns=2 * MS)
+    bcs = Bcs(2, boost_ns=2 * MS, pause_ns=2 * MS)
     a.runs(MS)
     poll(bcs, 0, [a, b])
     a.runs(MS)
     acts = poll(bcs, 1 * MS, [a, b])
     assert acts.boost == [0, 1]                        # two boosted threads on one CPU: the kernel pushes one
+    a.runs(MS)
+    b.picked(), b.waits()                              # b ran (its boost ends) and is queued again
+    assert poll(bcs, 2 * MS, [a, b]).unboost == [1]
+    a.runs(MS)
+    acts = poll(bcs, 3 * MS, [a, b])                   # a's boost ends after boost-ms; b's wait is long,
+    assert acts.unboost == [0] and acts.held == {"pause": 1}   # b in its pause
+    a.runs(MS)
+    assert poll(bcs, 4 * MS, [a, b]).boost == []       # b's pause is over, not that of the runner it needs
+    a.runs(MS)
+    assert poll(bcs, 5 * MS, [a, b]).boost == [0, 1]
 
 
 def test_bcs_never_boosts_idle_vcpus_or_without_a_running_sibling():
     a, b, c = Thread(0), Thread(1), Thread(1)
-    bcs = Bcs(3, boost_ns=2 * MS)
+    bcs = Bcs(3, boost_ns=2 * MS, pause_ns=2 * MS)
     poll(bcs, 0, [a, b, c])
     a.sleeps(), b.waits(), c.waits()                   # nobody ran: no trigger
     assert poll(bcs, 1 * MS, [a, b, c]).boost == []
@@ -108,19 +134,19 @@ def test_bcs_never_boosts_idle_vcpus_or_without_a_running_sibling():
 
 def test_bcs_respects_the_room_it_is_given():
     threads = [Thread(cpu=i) for i in range(4)]
-    bcs = Bcs(4, boost_ns=2 * MS)
+    bcs = Bcs(4, boost_ns=2 * MS, pause_ns=2 * MS)
     threads[0].runs(MS)
     poll(bcs, 0, threads)
     threads[0].runs(MS)
     acts = poll(bcs, 1 * MS, threads, room=2)
     assert acts.boost == [1, 2] and acts.held == {"room": 1}    # vCPU 3 waits on: counted
-    assert poll(Bcs(4, 2 * MS), 0, threads, room=0).boost == []
+    assert poll(Bcs(4, 2 * MS, 2 * MS), 0, threads, room=0).boost == []
     assert poll(bcs, 1.5 * MS, threads, room=0).held == {}      # the same wait of vCPU 3: counted once
 
 
 def test_bcs_boosts_only_a_wait_seen_at_two_looks():
     a, b = Thread(cpu=0), Thread(cpu=1)
-    bcs = Bcs(2, boost_ns=2 * MS)
+    bcs = Bcs(2, boost_ns=2 * MS, pause_ns=2 * MS)
     b.sleeps()
     poll(bcs, 0, [a, b])
     a.runs(MS), b.waits()                              # b woke: queued behind something
@@ -133,7 +159,7 @@ def test_bcs_boosts_only_a_wait_seen_at_two_looks():
 
 def test_bcs_looks_less_often_without_long_waits_and_at_once_when_one_may_start():
     a, b = Thread(cpu=0), Thread(cpu=1)
-    bcs = Bcs(2, boost_ns=2 * MS)
+    bcs = Bcs(2, boost_ns=2 * MS, pause_ns=2 * MS)
     paces = []
     for t in range(CALM_LOOKS * 6):                    # both run on their own CPUs: no waits at all
         a.runs(MS), b.runs(MS)
@@ -155,7 +181,7 @@ def test_bcs_looks_less_often_without_long_waits_and_at_once_when_one_may_start(
 
 
 def test_relaxed_looks_every_poll():
-    assert Relaxed(2, costop_ns=3 * MS, costart_ns=2 * MS, boost_ns=2 * MS).next_in == 1
+    assert Relaxed(2, costop_ns=3 * MS, costart_ns=2 * MS, boost_ns=2 * MS, pause_ns=2 * MS).next_in == 1
 
 
 # -- relaxed ---------------------------------------------------------------
@@ -194,7 +220,7 @@ def test_relaxed_an_idle_vcpu_does_not_lag():
 
 def test_relaxed_boosts_the_waiting_laggard_while_a_sibling_is_costopped():
     a, b = Thread(0), Thread(1)
-    rel = Relaxed(2, costop_ns=3 * MS, costart_ns=2 * MS, boost_ns=2 * MS)
+    rel = Relaxed(2, costop_ns=3 * MS, costart_ns=2 * MS, boost_ns=2 * MS, pause_ns=2 * MS)
     poll(rel, 0, [a, b])
     boosts = []
     for t in range(1, 6):
@@ -209,13 +235,13 @@ def test_relaxed_boosts_the_waiting_laggard_while_a_sibling_is_costopped():
        script=st.lists(st.lists(st.sampled_from(["run", "wait", "pick", "sleep"]), min_size=4, max_size=4),
                        min_size=1, max_size=120),
        cpus=st.lists(st.integers(0, 1), min_size=4, max_size=4),
-       room=st.integers(0, 3))
-def test_noisy_streams_never_freeze_every_vcpu_and_bound_boosts(n, script, cpus, room):
+       room=st.integers(0, 3), pause=st.sampled_from([0, 2 * MS]))
+def test_noisy_streams_never_freeze_every_vcpu_and_bound_boosts(n, script, cpus, room, pause):
     """Any stream: never all siblings co-stopped, never more boosts than the room,
     and no boost outlives boost-ms by more than one poll."""
     threads = [Thread(cpu=cpus[i]) for i in range(n)]
-    rel = Relaxed(n, costop_ns=3 * MS, costart_ns=2 * MS, boost_ns=2 * MS)
-    bcs = Bcs(n, boost_ns=2 * MS)
+    rel = Relaxed(n, costop_ns=3 * MS, costart_ns=2 * MS, boost_ns=2 * MS, pause_ns=pause)
+    bcs = Bcs(n, boost_ns=2 * MS, pause_ns=pause)
     since: dict[tuple[str, int], int] = {}
     for t, moves in enumerate(script):
         for thread, move in zip(threads, moves):
@@ -226,7 +252,7 @@ def test_noisy_streams_never_freeze_every_vcpu_and_bound_boosts(n, script, cpus,
                 since.pop((name, i))
             for i in acts.boost:
                 since[(name, i)] = t
-            assert len(acts.boost) <= room
+            assert len(acts.boost) <= room and not set(acts.boost) & set(acts.unboost)
             assert all(t - s <= 2 for (who, _), s in since.items() if who == name)
         assert len(rel.frozen) < n
 

@@ -362,7 +362,7 @@ class Engine:
             # never boost a thread whose original is not on record: it could not be put back
             recorded = all(v.tid in originals for v in m.vcpus)
             return pr.MemberPlan(m.uuid, m.name, m.slot_ms, m.priority if recorded else 0, vcpus, m.rt_vcpu_us,
-                                 m.boost_ms if recorded else 0, m.costop_ms, m.costart_ms)
+                                 m.boost_ms if recorded else 0, m.pause_ms, m.costop_ms, m.costart_ms)
 
         return pr.Plan(seq=0, max_stall_ms=self.max_stall_ms, rt_top_us=self._rt_top,
                        cells=tuple(pr.CellPlan(c.id, c.mode, tuple(member(m) for m in c.members)) for c in p.cells),

@@ -39,6 +39,7 @@ class MemberPlan:
     vcpus: tuple[VcpuPlan, ...]
     rt_vcpu_us: int | None = None           # RT runtime per vCPU group (RT group scheduling)
     boost_ms: int = 0                       # watched guests (boost, relaxed): longest boost, 0: none
+    pause_ms: int = 0                       # watched guests: least time between two boosts of a vCPU
     costop_ms: int = 0                      # relaxed: co-stop above this lead, co-start below costart_ms
     costart_ms: int = 0
 

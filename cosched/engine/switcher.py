@@ -158,8 +158,7 @@ class Counters:
     costop_ns: dict[tuple[str, int], int] = field(default_factory=dict)     # (uuid, vcpu) -> ns
     costops: dict[tuple[str, int], int] = field(default_factory=dict)
     boosts: dict[tuple[str, int], int] = field(default_factory=dict)
-    refused: int = 0                 # watched boosts the kernel's deadline admission refused
-    held: Counter = field(default_factory=Counter)      # long waits of watched guests held back, by why
+    held: Counter = field(default_factory=Counter)      # long waits of watched guests not boosted, by why
     forced_thaws: int = 0
     errors: list[str] = field(default_factory=list)
 
@@ -345,9 +344,10 @@ class Switcher:
     def _watch(self, cell: pr.CellPlan, m: pr.MemberPlan) -> Watched:
         n = len(m.vcpus)
         if cell.mode == "relaxed":
-            rules = Relaxed(n, int(m.costop_ms * 1e6), int(m.costart_ms * 1e6), int(m.boost_ms * 1e6))
+            rules = Relaxed(n, int(m.costop_ms * 1e6), int(m.costart_ms * 1e6), int(m.boost_ms * 1e6),
+                            int(m.pause_ms * 1e6))
         else:
-            rules = Bcs(n, int(m.boost_ms * 1e6))
+            rules = Bcs(n, int(m.boost_ms * 1e6), int(m.pause_ms * 1e6))
         fds = []
         for v in m.vcpus:
             opened: list[int] = []
@@ -403,7 +403,7 @@ class Switcher:
             if e.errno == errno.EBUSY:
                 # deadline admission control is full for now (a boost's bandwidth is
                 # only released at its zero-lag time): skip this one, not the guest
-                self.counters.refused += 1
+                self.counters.held["refused"] += 1
                 return False
             if isinstance(w.rules, Bcs) and not w.fifo:
                 w.fifo = True                 # its SCHED_FIFO fallback needs RT runtime: granted from now on
@@ -630,8 +630,8 @@ class Switcher:
                 self.counters.add(self.counters.costop_ns, key, max(now - st.credited, 0))
                 st.credited = now
         c, self.counters = self.counters, Counters()
-        if c.refused:
-            log.info("action=boosts-refused count=%d reason='deadline admission control (EBUSY)'", c.refused)
+        if c.held["refused"]:
+            log.info("action=boosts-refused count=%d reason='deadline admission control (EBUSY)'", c.held["refused"])
         vcpus = sorted(set(c.costop_ns) | set(c.costops) | set(c.boosts))
         failed = {cell.id: cell.boost_failed for cell in self.cells.values() if cell.boost_failed}
         failed.update({w.cell: w.boost_failed for w in self.watched.values() if w.boost_failed})

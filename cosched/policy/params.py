@@ -22,7 +22,8 @@ Kinds and their parameters:
     Boost co-scheduling (BCS, see :mod:`cosched.policy.watch`): no freezing,
     no rotation. When a vCPU runs while a sibling waits for a CPU, the
     sibling is raised above ordinary tasks until it has run, for at most
-    ``boost-ms`` (1-100, default 2). ``window-ms``, ``priority`` and
+    ``boost-ms`` (1-100, default 2); the same vCPU is then not boosted again
+    for ``pause-ms`` (0-100, default 2). ``window-ms``, ``priority`` and
     ``weight`` belonged to an earlier, rotating ``boost``; they are still
     accepted (so existing annotations stay valid) and have no effect.
 ``relaxed``
@@ -30,7 +31,8 @@ Kinds and their parameters:
     gets more than ``costop-ms`` (1-100, default 3) ahead of its slowest
     runnable sibling is co-stopped until it is back within ``costart-ms``
     (0-100, default 2, below ``costop-ms``). With ``boost`` (default true)
-    the waiting laggard is boosted meanwhile, for at most ``boost-ms``.
+    the waiting laggard is boosted meanwhile, for at most ``boost-ms``, and
+    not again for ``pause-ms``.
 ``auto``
     Chooses one of the modes above per guest from what the sampler measures
     (see :mod:`cosched.policy.auto`), each with its default parameters.
@@ -98,6 +100,7 @@ BOOST = Param("boost", bool, True, doc="SCHED_FIFO during the guest's slot")
 PRIORITY = Param("priority", int, 1, 1, 99, "SCHED_FIFO priority")
 WEIGHT = Param("weight", int, 1, 1, 100, "share of slots relative to other guests")
 BOOST_MS = Param("boost-ms", int, 2, 1, 100, "longest boost of one vCPU in milliseconds")
+PAUSE_MS = Param("pause-ms", int, 2, 0, 100, "least time between two boosts of one vCPU in milliseconds")
 COSTOP = Param("costop-ms", int, 3, 1, 100, "lead over the slowest sibling that co-stops a vCPU")
 COSTART = Param("costart-ms", int, 2, 0, 100, "lead below which a co-stopped vCPU starts again")
 LAGGARD = Param("boost", bool, True, doc="boost the waiting laggard while a sibling is co-stopped")
@@ -110,8 +113,8 @@ KINDS: dict[str, tuple[Param, ...]] = {
     "none": (),
     "gang": (QUANTUM, BOOST, PRIORITY, WEIGHT),
     "partial": (QUANTUM, BOOST, PRIORITY, WEIGHT),
-    "boost": (BOOST_MS, WINDOW, PRIORITY, WEIGHT),
-    "relaxed": (COSTOP, COSTART, LAGGARD, BOOST_MS),
+    "boost": (BOOST_MS, PAUSE_MS, WINDOW, PRIORITY, WEIGHT),
+    "relaxed": (COSTOP, COSTART, LAGGARD, BOOST_MS, PAUSE_MS),
     "auto": (ALLOW, DWELL),
 }
 

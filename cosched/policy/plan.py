@@ -90,6 +90,7 @@ class Member:
     vcpus: tuple[PlannedVcpu, ...]
     rt_vcpu_us: int | None = None        # RT runtime granted to each vCPU's cgroup
     boost_ms: int = 0                    # watched guests: longest boost, 0: none
+    pause_ms: int = 0                    # watched guests: least time between two boosts of a vCPU
     costop_ms: int = 0                   # relaxed: co-stop / co-start thresholds
     costart_ms: int = 0
 
@@ -246,7 +247,7 @@ def _watched(domains: list[Domain], host: Host, pool: list[int], rejected: dict)
         vcpus = tuple(PlannedVcpu(index=v.index, tid=v.tid, start_time=v.start_time, cpu=cpu,
                                   freeze=host.freeze_file(v), rt_chain=host.rt_chain(v) if boost_ms else ())
                       for v, cpu in zip(d.vcpus, cpus))
-        member = Member(d.uuid, d.name, 0, 0, vcpus, boost_ms=boost_ms,
+        member = Member(d.uuid, d.name, 0, 0, vcpus, boost_ms=boost_ms, pause_ms=p["pause-ms"] if boost_ms else 0,
                         costop_ms=p.get("costop-ms", 0), costart_ms=p.get("costart-ms", 0))
         out.append(Cell(f"{kind}-{d.name}", kind, (), (member,), kind=kind))
     return out

@@ -34,12 +34,15 @@ change. Per poll, a vCPU
     push logic), which undoes the stacking CFS leaves in place. A boost
     ends as soon as the vCPU is switched in (it has run; a running one is
     switched in again only after it lost its CPU), when it blocks, or after
-    ``boost-ms``; the same vCPU is then not boosted again for ``boost-ms``.
+    ``boost-ms``; the same vCPU is then not boosted again for ``pause-ms``
+    (0: from the next look on).
     Never more boosts at once than the switcher allows (``room``): the
     waiting first, then the runners. A long wait left unboosted is
     counted once, under the first reason: ``room`` (every boost the
-    switcher allows is taken) or ``pause`` (its vCPU was boosted less than
-    ``boost-ms`` ago); status's ``long_waits_held``.
+    switcher allows is taken) or ``pause`` (the last boost of its vCPU, or
+    of the runner it is queued behind, ended less than ``pause-ms`` ago);
+    status's ``long_waits_held``, where the switcher adds the boosts the
+    kernel ``refused``.
 
     Only a *long* wait is boosted: a vCPU seen waiting at two looks in a
     row, not switched in between. Most waits are a woken vCPU's wait for
@@ -78,7 +81,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-HELD = ("room", "pause")   # why a long wait was not boosted (Actions.held; status's long_waits_held)
+HELD = ("room", "pause", "refused")   # why a long wait was not boosted (status's long_waits_held)
 CALM_LOOKS = 16      # looks without a long wait before a boost guest is looked at half as often
 SLOWEST = 16         # at most every 16th poll (8 ms)
 
@@ -138,8 +141,9 @@ def _waiting(vcpus: list[_Vcpu], seen: list[Seen]) -> list[bool]:
 class Bcs:
     """Boost co-scheduling of one guest with ``n`` vCPUs (see the module doc)."""
 
-    def __init__(self, n: int, boost_ns: int):
+    def __init__(self, n: int, boost_ns: int, pause_ns: int):
         self.boost_ns = boost_ns
+        self.pause_ns = pause_ns
         self.vcpus = [_Vcpu() for _ in range(n)]
         self.every = 1           # look at this guest every that many polls
         self.next_in = 1         # polls until the next look
@@ -175,7 +179,7 @@ class Bcs:
         for i, (v, s) in enumerate(zip(self.vcpus, seen)):
             if v.boosted_at is not None and (s.picks > v.boost_picks or not s.runnable
                                              or now - v.boosted_at >= self.boost_ns):
-                v.boosted_at, v.quiet_until = None, now + self.boost_ns
+                v.boosted_at, v.quiet_until = None, now + max(self.pause_ns, 1)   # 0: from the next look
                 out.unboost.append(i)
 
     def _held(self, i: int, seen: list[Seen], out: Actions, why: str) -> None:
@@ -209,11 +213,11 @@ class Bcs:
                 v = self.vcpus[i]
                 if not waited[i] or v.boosted_at is not None:
                     continue
-                if now < v.quiet_until:
-                    self._held(i, seen, out, "pause")
-                    continue
                 stacked = [j for j in running if seen[j].cpu == s.cpu and s.cpu is not None
                            and self.vcpus[j].boosted_at is None]
+                if any(now < self.vcpus[j].quiet_until for j in [i, *stacked[:1]]):
+                    self._held(i, seen, out, "pause")     # it, or the runner it needs boosted first
+                    continue
                 if full or room < 1 + len(stacked[:1]):
                     full = True                       # the room goes in order: the later ones wait too
                     self._held(i, seen, out, "room")
@@ -237,11 +241,11 @@ class Relaxed:
 
     next_in = 1              # looked at every poll: progress clocks advance by what each poll saw
 
-    def __init__(self, n: int, costop_ns: int, costart_ns: int, boost_ns: int = 0):
+    def __init__(self, n: int, costop_ns: int, costart_ns: int, boost_ns: int = 0, pause_ns: int = 0):
         self.costop_ns = costop_ns
         self.costart_ns = costart_ns
         self.vcpus = [_Vcpu() for _ in range(n)]
-        self.bcs = Bcs(n, boost_ns) if boost_ns else None
+        self.bcs = Bcs(n, boost_ns, pause_ns) if boost_ns else None
         self._at: int | None = None
 
     def cancel(self, i: int) -> None:
