@@ -236,7 +236,7 @@ def reactions(agg: dict, wls: list[str]) -> list[str]:
     rows = []
     for (wl, n, m), a in sorted(agg.items(), key=lambda kv: (wls.index(kv[0][0]), kv[0][1], kv[0][2])):
         e = a.get("episodes")
-        if e and m in ("cfs", "boost", "relaxed", "auto"):
+        if e and m.split(":")[0] in ("cfs", "boost", "relaxed", "auto"):
             rows.append([wl, str(n), m, _num(e["p50_ms"]), _num(e["p90_ms"]), str(e["long"]),
                          _pct(e["in_time"], 0), _num(e["reaction_p50_ms"]),
                          *(_num(a[f"boosts_{k}"], "{}") for k in ("made", *HELD))])
@@ -249,7 +249,9 @@ def reactions(agg: dict, wls: list[str]) -> list[str]:
             "reacts within 1 ms at the median); the median time to that call where there was one. From the "
             "daemon, over all repetitions: the boosts it made, and the long waits it saw and held back, "
             "each counted once under the first reason: as many vCPUs as the pool has CPUs boosted already "
-            "(room), or its vCPU boosted less than `boost-ms` before (pause).", ""] + \
+            "(room), or the last boost of its vCPU, or of the runner it is queued behind, ended less than "
+            "`pause-ms` before (pause); and the boosts the kernel refused (EBUSY from deadline admission "
+            "control, each attempt; not recorded before it was counted).", ""] + \
         _table(["workload", "guests", "mode", "episode p50 ms", "episode p90 ms", "episodes > 1 ms",
                 "boosted within 1 ms", "reaction p50 ms", "boosts", *(f"held: {why}" for why in HELD)], rows)
 

@@ -19,7 +19,9 @@ on the same booted guests:
                 whose clock then stands still, so a paused guest sees no delay);
    ``cfs``      all at once under the host scheduler, observed only;
    ``gang``, ``partial``, ``boost``, ...  all at once under that cosched
-                preset, switched live through the libvirt annotation.
+                preset, switched live through the libvirt annotation; a
+                mode may set the preset's parameters too, each after a
+                colon (``boost:pause-ms=0``), to compare settings in one run.
 
 ``alone`` comes first in every repetition; the modes follow in the order
 given in even repetitions and in reverse in odd ones (:func:`in_turn`), so
@@ -228,24 +230,36 @@ def second_rates(rs: list[dict]) -> list[float]:
     return out
 
 
-def set_policy(name: str, preset: str) -> None:
+def mode_policy(mode: str) -> tuple[str, dict[str, str]]:
+    """The preset a mode puts guests under, and the parameters it sets:
+    ``batch`` and ``cfs`` are ``none``; ``boost:pause-ms=0`` is ``boost``
+    with ``pause-ms="0"``."""
+    name, *pairs = mode.split(":")
+    if not all("=" in p for p in pairs):
+        raise ValueError(f"mode {mode!r}: parameters are written name=value after a colon")
+    return ("none" if name in ("batch", "cfs") else name), dict(p.split("=", 1) for p in pairs)
+
+
+def set_policy(name: str, preset: str, params: dict[str, str]) -> None:
+    attrs = "".join(f' {k}="{v}"' for k, v in params.items())
     subprocess.run(["virsh", "-c", guests.URI, "metadata", name, "--uri", guests.NAMESPACE, "--key", "cosched",
-                    "--set", f'<policy name="{preset}"/>', "--live"], check=True, capture_output=True)
+                    "--set", f'<policy name="{preset}"{attrs}/>', "--live"], check=True, capture_output=True)
 
 
 def apply_mode(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, settle: float) -> list[str]:
-    """Put every guest under ``mode``'s preset, wait until the daemon has taken
-    it up, let the guests settle (``auto``: long enough to choose); return the
-    engine's notes (e.g. boost off) and errors."""
-    preset = "none" if mode in ("batch", "cfs") else mode
+    """Put every guest under ``mode``'s preset and parameters, wait until the
+    daemon has taken them up, let the guests settle (``auto``: long enough to
+    choose); return the engine's notes (e.g. boost off) and errors."""
+    preset, params = mode_policy(mode)
     for g in gs:
-        set_policy(g.name, preset)
+        set_policy(g.name, preset, params)
 
     def taken_up():
         doms = {d["name"]: d for d in (daemon.status() or {}).get("domains", [])}
         return all(g.name in doms and doms[g.name]["policy"] == preset and
+                   all(str(doms[g.name]["params"].get(k)) == v for k, v in params.items()) and
                    (preset in ("none", "auto") or doms[g.name].get("managed")) for g in gs)
-    daemon.wait(taken_up, 10, f"guests under {preset}")
+    daemon.wait(taken_up, 10, f"guests under {mode}")
     time.sleep(settle + (AUTO_SETTLE if preset == "auto" else 0.0))
     engine = daemon.status()["daemon"]["engine"]
     return sorted({c["note"] for c in engine["cells"] if c.get("note")} |
@@ -719,14 +733,25 @@ def _list(choices):
     return parse
 
 
+def _modes(text: str) -> list[str]:
+    modes = _list(None)(text)
+    for m in modes:
+        try:
+            mode_policy(m)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return modes
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--guests", type=lambda s: [int(x) for x in s.split(",")], default=[2, 3, 4],
                     help="guest counts to run together (comma-separated)")
     ap.add_argument("--vcpus", type=int, default=2, help="vCPUs per guest")
     ap.add_argument("--workloads", type=_list(WORKLOADS), default=list(WORKLOADS))
-    ap.add_argument("--modes", type=_list(None), default=list(MODES),
-                    help="batch, cfs, and cosched presets (gang, partial, boost, or a site preset)")
+    ap.add_argument("--modes", type=_modes, default=list(MODES),
+                    help="batch, cfs, and cosched presets (gang, partial, boost, or a site preset), each "
+                         "with parameters if wanted (boost:pause-ms=0)")
     ap.add_argument("--seconds", type=float, default=6.0, help="measurement interval per run")
     ap.add_argument("--settle", type=float, default=1.5, help="wait after a mode change")
     ap.add_argument("--meter", choices=("auto", "off"), default="off",

@@ -1,4 +1,6 @@
 """Benchmark statistics and the exact, trace-based hazard."""
+import argparse
+
 import pytest
 
 from benchmarks.suite import quantile
@@ -252,3 +254,12 @@ def test_no_mode_is_always_measured_last():
     assert {o[-1] for o in orders} == {modes[0], modes[-1]}
     mean_place = {m: sum(o.index(m) for o in orders) / len(orders) for m in modes}
     assert set(mean_place.values()) == {(len(modes) - 1) / 2}
+
+
+def test_a_mode_names_a_preset_and_may_set_its_parameters():
+    from benchmarks.suite import _modes, mode_policy
+    assert mode_policy("cfs") == mode_policy("batch") == ("none", {})
+    assert mode_policy("boost:pause-ms=0:boost-ms=1") == ("boost", {"pause-ms": "0", "boost-ms": "1"})
+    assert _modes("gang,boost:pause-ms=0") == ["gang", "boost:pause-ms=0"]
+    with pytest.raises(argparse.ArgumentTypeError, match="boost:pause-ms"):
+        _modes("boost:pause-ms")
