@@ -604,7 +604,8 @@ def run_phases(args, daemon, img, progress, runs) -> None:
         timeline = []                       # (host seconds, {guest: results so far}, {guest: mode})
         start = time.monotonic()
         while time.monotonic() - start < args.phases:
-            timeline.append((time.monotonic() - start, {g.name: len(g.results()) for g in gs}, daemon_now(daemon, gs)["modes"]))
+            timeline.append((time.monotonic() - start, {g.name: len(g.results()) for g in gs},
+                             daemon_now(daemon, gs)["modes"]))
             time.sleep(0.25)
         per_guest = {g.name: phase_figures(g.results(), timeline, g.name) for g in gs}
         runs.append({"workload": "phases", "unit": "phases", "guests": len(gs), "mode": mode, "rep": 0, "valid": True,

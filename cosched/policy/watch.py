@@ -1,9 +1,10 @@
 """The per-guest rules of ``boost`` and ``relaxed``: pure state machines.
 
 The switcher polls watched vCPU threads (every 0.5 ms; a ``boost`` guest
-without long waits less often, see :class:`Bcs`) and feeds what it saw to one :class:`Bcs` or :class:`Relaxed` per guest; they
-answer which vCPUs to boost, unboost, co-stop (freeze) and co-start (thaw).
-No I/O here, so the rules are tested on synthetic streams.
+without long waits less often, see :class:`Bcs`) and feeds what it saw to
+one :class:`Bcs` or :class:`Relaxed` per guest; they answer which vCPUs
+to boost, unboost, co-stop (freeze) and co-start (thaw). No I/O here, so
+the rules are tested on synthetic streams.
 
 What one poll sees of a vCPU thread (:class:`Seen`): whether it is runnable
 (state ``R``), whether it is on a CPU right now, the host CPU whose run

@@ -19,8 +19,8 @@ progress up to the reading's own clock (``CLOCK_MONOTONIC``, the clock of
 includes what the hypervisor underneath stole from its CPU, which the
 kernel's own run time (and so the sampler) leaves out. A thread is added
 in the state its caller read (from ``/proc``), or ``UNKNOWN``, which
-counts in nothing until its first switch or wake-up. Nothing it loads outlives the process: the programs and
-maps go with their file descriptors.
+counts in nothing until its first switch or wake-up. Nothing it loads
+outlives the process: the programs and maps go with their file descriptors.
 """
 from __future__ import annotations
 
