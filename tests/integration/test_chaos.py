@@ -121,7 +121,7 @@ def test_sigkill_at_random_points_leaves_nothing_past_max_stall(busy, tmp_path):
     before = host_state(NAMES)
     rng = random.Random(int(os.environ.get("COSCHED_KILL_SEED", "0")) or None)
     daemon = DaemonProcess(tmp_path).start()
-    problems, kinds = [], {"daemon": 0, "switcher": 0}
+    problems, kinds, logs = [], {"daemon": 0, "switcher": 0}, []
     try:
         for n in range(ROUNDS):
             switches = daemon.status()["daemon"]["engine"]["switches"].get("gang", 0)
@@ -151,12 +151,14 @@ def test_sigkill_at_random_points_leaves_nothing_past_max_stall(busy, tmp_path):
                 f"round {n}: nothing was frozen or boosted when {kind} was killed: nothing tested"
             found = sampler.leftovers(killed, up)
             problems += [f"round {n} ({kind} killed): {p}" for p in found]
+            if found:                  # a later round's restart starts a new log: keep this one's now
+                logs.append(f"--- daemon log after round {n} ---\n" + daemon.log.read_text()[-6000:])
             record("SIGKILL of the daemon or its switcher mid-rotation", cycles=1, faults=1, leaks=len(found),
                    exits=int(daemon.proc.poll() is not None))
             assert daemon.proc.poll() is None, daemon.log.read_text()[-3000:]
     finally:
         assert daemon.stop() == 0
-    assert problems == [], "\n".join(problems) + "\n--- daemon log ---\n" + daemon.log.read_text()[-6000:]
+    assert problems == [], "\n".join(problems + logs)
     assert kinds == {"daemon": (ROUNDS + 1) // 2, "switcher": ROUNDS // 2}
     assert host_state(NAMES) == before
 
