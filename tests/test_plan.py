@@ -107,13 +107,13 @@ def test_numa_cells_stay_on_one_node():
 
 
 def test_boost_and_relaxed_guests_are_watched_alone_never_pinned_or_rotated():
-    p = plan(snap(host(4, rt=True), dom("a", kind="boost"), dom("b", kind="relaxed"), dom("c", kind="boost", boost_ms=5, pause_ms=0)),
+    p = plan(snap(host(4, rt=True), dom("a", kind="boost"), dom("b", kind="relaxed"), dom("c", kind="boost", boost_ms=5, pause_ms=3)),
              PlanConfig(reserved_cpus=(0,)))
     assert [(c.id, c.mode, c.kind, len(c.members)) for c in p.cells] == [
         ("boost-a", "boost", "boost", 1), ("relaxed-b", "relaxed", "relaxed", 1), ("boost-c", "boost", "boost", 1)]
     assert all(c.max_stall_ms == 0 and c.cpus == () for c in p.cells)
     assert p.pins() == {("uuid-b", 0): 1, ("uuid-b", 1): 2}        # relaxed only: siblings apart, off reserved
-    assert [(c.members[0].boost_ms, c.members[0].pause_ms) for c in p.cells] == [(2, 0), (2, 0), (5, 0)]
+    assert [(c.members[0].boost_ms, c.members[0].pause_ms) for c in p.cells] == [(2, 0), (2, 0), (5, 3)]
     b = p.cells[1].members[0]
     assert (b.costop_ms, b.costart_ms) == (3, 2) and all(v.freeze for v in b.vcpus)
     assert p.max_boosted == 3 and p.mode_of("uuid-b") == "relaxed" and p.mode_of("nobody") is None

@@ -50,7 +50,7 @@ def test_proxmox_tags_select_a_preset_and_its_parameters():
     assert dict(spec.params)["boost"] is False
     assert tag_policy(("web",), presets, "auto").preset == "auto"          # no cosched tag: the default
     assert dict(tag_policy(("cosched-relaxed-s4-t1",), presets, "none").params)["costop-ms"] == 4
-    assert dict(tag_policy(("cosched-boost-r0",), presets, "none").params)["pause-ms"] == 0
+    assert dict(tag_policy(("cosched-boost-r3",), presets, "none").params)["pause-ms"] == 3
     for bad, culprit in ((("cosched-fast",), "names no preset"), (("cosched-gang-x3",), "'x3' is no parameter"),
                          (("cosched-gang-q0",), "quantum-ms"), (("cosched-gang", "cosched-none"), "one cosched- tag")):
         with pytest.raises(AnnotationError, match=culprit) as e:
