@@ -6,11 +6,17 @@ starts with its syslog priority (``<3>`` error, ``<4>`` warning, ``<6>``
 info, ``<7>`` debug), which journald strips and records, so that
 ``journalctl -p warning -u cosched`` works, and carries no timestamp, since
 journald adds its own.
+
+SIGUSR1 makes any of them write every thread's Python stack to the same
+stderr (``kill -USR1 PID``, or ``systemctl kill -s USR1 cosched`` for the
+daemon and its switcher): for a daemon that seems stuck, without stopping it.
 """
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
+import signal
 import sys
 
 PRIORITY = {logging.CRITICAL: 2, logging.ERROR: 3, logging.WARNING: 4, logging.INFO: 6, logging.DEBUG: 7}
@@ -41,3 +47,4 @@ def setup(level: int = logging.INFO, fmt: str = "%(asctime)s %(levelname)s %(nam
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JournalFormatter() if to_journal() else logging.Formatter(fmt))
     logging.basicConfig(level=level, handlers=[handler], force=True)
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)

@@ -68,6 +68,32 @@ class DaemonProcess:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
             return r.read().decode()
 
+    def digest(self, chars: int = 10000, stacks: bool = False) -> str:
+        """The log's last ``chars`` characters, each run of ``action=restored``
+        lines told in one (first and last time, count); with ``stacks``, the
+        daemon and its switcher first write their threads' stacks to it
+        (SIGUSR1), to show where a stuck one waits."""
+        if stacks and self.proc and self.proc.poll() is None:
+            import psutil
+            for p in [psutil.Process(self.proc.pid), *psutil.Process(self.proc.pid).children()]:
+                try:
+                    p.send_signal(signal.SIGUSR1)
+                except psutil.Error:
+                    pass
+            time.sleep(0.5)
+        out, run = [], []
+        for line in self.log.read_text().splitlines() + [""]:
+            if "action=restored " in line:
+                run.append(line)
+                continue
+            if run:
+                out.append(run[0] if len(run) == 1 else
+                           f"{run[0][:23]} .. {run[-1][11:23]} {len(run)} x action=restored "
+                           f"({', '.join(sorted({r.split(' kind=')[1].split()[0] for r in run}))})")
+                run = []
+            out.append(line)
+        return "\n".join(out)[-chars:]
+
     def wait(self, predicate, timeout: float, what: str):
         """Poll ``predicate()`` until truthy; return (value, seconds taken)."""
         start = time.monotonic()
@@ -76,7 +102,7 @@ class DaemonProcess:
             if value:
                 return value, time.monotonic() - start
             if time.monotonic() - start > timeout:
-                raise AssertionError(f"{what}: not within {timeout}s\n--- daemon log ---\n{self.log.read_text()[-3000:]}")
+                raise AssertionError(f"{what}: not within {timeout}s\n--- daemon log ---\n{self.digest(stacks=True)}")
             time.sleep(0.05)
 
     def stop(self) -> int:

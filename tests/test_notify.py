@@ -89,3 +89,20 @@ def test_log_lines_carry_their_priority_for_journald(tmp_path):
     assert f.format(rec(logging.WARNING, "domain=vm1 action=pin-failed")) == "<4>cosched.engine domain=vm1 action=pin-failed"
     assert f.format(rec(logging.ERROR, "a\nb")) == "<3>cosched.engine a\n<3>b"
     assert f.format(rec(logging.INFO, "x")).startswith("<6>")
+
+
+def test_sigusr1_writes_every_threads_stack_to_the_log():
+    """A cosched process that seems stuck shows where each thread waits, and goes on."""
+    import subprocess
+    import sys
+    code = ("import os, signal, threading, time\n"
+            "from cosched import logs\n"
+            "logs.setup()\n"
+            "def waiting_here(): time.sleep(30)\n"
+            "threading.Thread(target=waiting_here, daemon=True).start()\n"
+            "time.sleep(0.2)\n"
+            "os.kill(os.getpid(), signal.SIGUSR1)\n"
+            "print('still running')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and out.stdout == "still running\n", out
+    assert "in waiting_here" in out.stderr and "Current thread" in out.stderr, out.stderr

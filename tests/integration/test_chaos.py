@@ -135,7 +135,7 @@ def test_sigkill_at_random_points_leaves_nothing_past_max_stall(busy, tmp_path):
             if kind == "daemon":
                 os.killpg(os.getpgid(daemon.proc.pid), signal.SIGKILL)
                 daemon.proc.wait()
-                killed = time.monotonic()
+                killed, wall = time.monotonic(), time.time()
                 daemon.start(timeout=90)           # busy guests left pinned can hold its start-up back
                 up = time.monotonic()
             else:
@@ -143,6 +143,7 @@ def test_sigkill_at_random_points_leaves_nothing_past_max_stall(busy, tmp_path):
                 assert len(switcher) == 1, switcher
                 switcher[0].kill()
                 killed = up = time.monotonic()
+                wall = time.time()
             time.sleep(MAX_STALL + 0.5)
             sampler.halt.set()
             sampler.join()
@@ -152,7 +153,8 @@ def test_sigkill_at_random_points_leaves_nothing_past_max_stall(busy, tmp_path):
             found = sampler.leftovers(killed, up)
             problems += [f"round {n} ({kind} killed): {p}" for p in found]
             if found:                  # a later round's restart starts a new log: keep this one's now
-                logs.append(f"--- daemon log after round {n} ---\n" + daemon.log.read_text()[-6000:])
+                logs.append(f"--- daemon log after round {n} (killed at "
+                            f"{time.strftime('%H:%M:%S', time.localtime(wall))}) ---\n{daemon.digest()}")
             record("SIGKILL of the daemon or its switcher mid-rotation", cycles=1, faults=1, leaks=len(found),
                    exits=int(daemon.proc.poll() is not None))
             assert daemon.proc.poll() is None, daemon.log.read_text()[-3000:]
@@ -186,7 +188,7 @@ def test_a_stopped_switcher_is_killed_and_nothing_outlives_max_stall(busy, tmp_p
             time.sleep(0.001)
         time.sleep(rng.uniform(0.0, 0.15))
         switcher[0].suspend()                                      # SIGSTOP
-        stopped = time.monotonic()
+        stopped, wall = time.monotonic(), time.time()
         time.sleep(MAX_STALL + 0.5)
         sampler.halt.set()
         sampler.join()
@@ -194,7 +196,8 @@ def test_a_stopped_switcher_is_killed_and_nothing_outlives_max_stall(busy, tmp_p
         problems = sampler.leftovers(stopped, stopped)
         record("switcher stopped (SIGSTOP) mid-rotation", cycles=1, faults=1, leaks=len(problems),
                exits=int(daemon.proc.poll() is not None))
-        assert problems == [], "\n".join(problems) + "\n--- daemon log ---\n" + daemon.log.read_text()[-4000:]
+        assert problems == [], "\n".join(problems) + f"\nstopped at {time.strftime('%H:%M:%S', time.localtime(wall))}" \
+                                                     f"\n--- daemon log ---\n{daemon.digest(stacks=True)}"
         assert not switcher[0].is_running() or switcher[0].status() == psutil.STATUS_ZOMBIE, "the stopped one lives"
         assert "action=switcher-stalled" in daemon.log.read_text()
         daemon.wait(lambda: daemon.status()["daemon"]["engine"]["forced_thaws"] > forced, 5, "the thaws counted")
