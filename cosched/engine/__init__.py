@@ -429,6 +429,8 @@ class Engine:
         if getattr(proc, "stopping", False):
             return
         lived = time.monotonic() - getattr(proc, "started_at", 0.0)
+        # one that dies at once is not restarted in a loop; one the watchdog killed did not die
+        now = lived >= 1.0 or getattr(proc, "stalled", False)
         with self.op_lock:
             if self._proc is not proc:
                 # a reconcile already started the next one and gave it the plan (and the journal's
@@ -436,11 +438,11 @@ class Engine:
                 log.error("action=switcher-died code=%s lived_s=%.1f: already replaced", code, lived)
                 return
             log.error("action=switcher-died code=%s lived_s=%.1f: restoring thread policies, cgroup files and "
-                      "pinning, restarting it %s", code, lived, "now" if lived >= 1.0 else "at the next resync")
+                      "pinning, restarting it %s", code, lived, "now" if now else "at the next resync")
             # pinning goes too: pinned vCPUs that no rotation freezes can starve the host's own
             # tasks, the switcher about to be started among them
             self._restore(kinds=("sched", "freeze", "rt", "pin", "affinity"))
-        if lived >= 1.0:                     # one that dies at once is not restarted in a loop
+        if now:
             self.resync()
 
     def _ran_ns(self, proc) -> int | None:
@@ -476,6 +478,7 @@ class Engine:
             with self.lock:
                 self._stats.forced_thaws += frozen
                 self._stats.errors.append(f"switcher silent for {1000 * silent:.0f} ms: killed and restarted")
+            proc.stalled = True
             proc.kill()
             return
 
