@@ -456,6 +456,31 @@ def granted_gang(tmp_path):
     return fs, clock, exits, sched, sw, plan
 
 
+def test_a_co_stopped_vcpu_of_a_guest_that_ended_is_no_forced_thaw(tmp_path):
+    """A guest destroyed while ``relaxed`` co-stops one of its vCPUs: nothing
+    held that vCPU up, so ``max_stall_ms`` passing is no forced thaw (the
+    daemon counts those as a stalled switcher's harm)."""
+    fs, clock = tree(tmp_path, rt=True), Clock()
+    exits = Exits(fs)
+    procs = Procs(fs, (100, 101))
+    sw = Switcher(fs, 500 * MS, rt_top_us=900_000, sched=FakeSched().knob(fs), clock=clock)
+    sw.apply(replace(watched("relaxed", replace(member("a", rt=True, rt_us=100_000), boost_ms=2, costop_ms=3,
+                                                    costart_ms=2)), rt_top_us=900_000))
+    sw.tick()
+    for _ in range(4 * MS // POLL):                    # vCPU 0 runs 4 ms ahead of vCPU 1: co-stopped
+        clock.now += POLL
+        procs.runs(100)
+        sw.tick()
+    assert fs.read(f"{CG2}/machine/a/vcpu0/cgroup.freeze") == "1" and len(sw.exits) == 2
+    for tid in (100, 101):                              # its QEMU ends
+        exits.exit(tid)
+        sw.exited(next(fd for fd, k in sw.exits.items() if k[2] == tid))
+    clock.now += 501 * MS
+    sw.tick()
+    stats = sw.take_stats()
+    assert stats.forced_thaws == 0 and not [e for e in stats.errors if "force" in e], stats
+
+
 def test_a_guest_gives_its_rt_runtime_back_as_soon_as_a_vcpu_exits(tmp_path):
     # a removed cgroup that still holds RT runtime keeps counting against its
     # parent (kernel 6.18): the runtime must be back before libvirt removes it

@@ -602,8 +602,9 @@ class Switcher:
                 self._enter(cell, now, "switch")
         for key, st in self.vstate.items():
             if st.frozen and now - st.frozen_since > self.max_stall_ns:
-                self.counters.forced_thaws += 1
-                self._error(f"domain={self.vinfo[key][0]} vcpu={key[1]} frozen over max_stall: force-thawed")
+                if key not in self.gone:           # one that exited frozen (its guest ended) held nothing up
+                    self.counters.forced_thaws += 1
+                    self._error(f"domain={self.vinfo[key][0]} vcpu={key[1]} frozen over max_stall: force-thawed")
                 self._freeze(key, False, now)
         if self.next_poll is not None and now >= self.next_poll:
             self.poll(now)
