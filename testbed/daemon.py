@@ -75,7 +75,8 @@ class DaemonProcess:
         (SIGUSR1), to show where a stuck one waits."""
         if stacks and self.proc and self.proc.poll() is None:
             import psutil
-            for p in [psutil.Process(self.proc.pid), *psutil.Process(self.proc.pid).children()]:
+            daemon = psutil.Process(self.proc.pid)
+            for p in [daemon, *daemon.children()]:
                 try:
                     p.send_signal(signal.SIGUSR1)
                 except psutil.Error:
