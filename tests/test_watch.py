@@ -230,6 +230,21 @@ def test_relaxed_boosts_the_waiting_laggard_while_a_sibling_is_costopped():
     assert Relaxed(2, 3 * MS, 2 * MS).bcs is None      # boost off: no boosts at all
 
 
+def test_relaxed_counts_a_laggard_wait_it_could_not_boost():
+    """A waiting laggard left unboosted for want of room is counted, as under ``boost``."""
+    a, b = Thread(0), Thread(1)
+    rel = Relaxed(2, costop_ns=3 * MS, costart_ns=2 * MS, boost_ns=2 * MS, pause_ns=2 * MS)
+    poll(rel, 0, [a, b], room=0)
+    held: dict[str, int] = {}
+    for t in range(1, 6):
+        a.runs(MS)
+        acts = poll(rel, t * MS, [a, b], room=0)
+        assert acts.boost == []
+        for why, count in acts.held.items():
+            held[why] = held.get(why, 0) + count
+    assert rel.frozen == [0] and held == {"room": 1}
+
+
 @settings(max_examples=300, deadline=None)
 @given(n=st.integers(2, 4),
        script=st.lists(st.lists(st.sampled_from(["run", "wait", "pick", "sleep"]), min_size=4, max_size=4),

@@ -291,5 +291,5 @@ class Relaxed:
         if self.bcs is not None:
             # boost only laggards, and only while a sibling is held for them
             got = self.bcs.step(now, seen, room, waited=waited, trigger=bool(self.frozen))
-            out.boost, out.unboost = got.boost, got.unboost
+            out.boost, out.unboost, out.held = got.boost, got.unboost, got.held
         return out
