@@ -179,6 +179,45 @@ def test_a_dead_switcher_is_undone_and_replaced_at_once(fake, fs, tmp_path):
         assert engine.release() == []
 
 
+class SlowStart(ThreadSwitcher):
+    """A switcher that takes a second to say it is ready (a loaded host)."""
+
+    def _write(self, line):
+        if not getattr(self, "_said", False):
+            time.sleep(1.0)
+            self._said = True
+        super()._write(line)
+
+
+def test_a_new_switcher_slow_to_start_is_not_taken_for_stalled(fake, fs, tmp_path):
+    """The plan on record while a replacement starts is its dead
+    predecessor's: the watchdog judges a switcher only once it is ready."""
+    import threading
+    asked = threading.Event()
+    knob = FakeSched().knob(fs)
+    made = []
+
+    def factory(env):
+        made.append((SlowStart if made else ThreadSwitcher)(fs, knob))
+        return made[-1]
+    engine = Engine(fs, Journal(str(tmp_path / "run/journal")), FakePinner(), sched=knob,
+                    switcher_factory=factory, resync=asked.set)
+    try:
+        snap = snapshot(fake, fs, 2)
+        engine.reconcile(snap)
+        time.sleep(1.0)
+        made[0].switcher.release_all = lambda: None       # killed: it cleans nothing up itself
+        made[0].kill()
+        assert asked.wait(5), "the daemon was not asked to resync"
+        started = time.monotonic()
+        engine.reconcile(snap)
+        assert len(made) == 2 and made[1].poll() is None and not getattr(made[1], "stalled", False)
+        assert time.monotonic() - started < 5
+        assert sorted(freeze_file(fake, i, 0).read_text() for i in range(2)) == ["0", "1"]
+    finally:
+        assert engine.release() == []
+
+
 def test_a_silent_switcher_is_killed_and_what_it_froze_is_thawed(fake, fs, tmp_path):
     """A switcher that stops answering (stopped, starved, stuck in the kernel)
     with guests frozen: the engine's watchdog kills it, the vCPUs it left

@@ -399,9 +399,14 @@ class Engine:
         self._proc.started_at = self._heard = time.monotonic()
         threading.Thread(target=self._read_switcher, args=(self._proc,), name="switcher-stats", daemon=True).start()
         threading.Thread(target=self._watch_switcher, args=(self._proc,), name="switcher-watchdog", daemon=True).start()
+        proc = self._proc
         with self._acks:
-            ready = self._acks.wait_for(lambda: self._ready, timeout)
-        log.info("action=switcher-started pid=%s ready=%s realtime=%s", self._proc.pid, ready, self._stats.realtime)
+            self._acks.wait_for(lambda: self._ready or proc.poll() is not None, timeout)
+        ready = self._ready and proc.poll() is None
+        log.info("action=switcher-started pid=%s ready=%s realtime=%s", proc.pid, ready, self._stats.realtime)
+        if not ready and proc.poll() is None:
+            log.error("action=switcher-not-ready pid=%s waited_s=%.0f: killing it", proc.pid, timeout)
+            proc.kill()
         return ready
 
     def _read_switcher(self, proc) -> None:
@@ -417,7 +422,7 @@ class Engine:
                     if isinstance(msg, pr.Ready):
                         with self.lock:
                             self._stats.realtime = msg.realtime
-                        self._ready = True
+                        self._ready = proc.ready = True
                     else:
                         self._applied = msg.seq
                     self._acks.notify_all()
@@ -458,7 +463,11 @@ class Engine:
         reader thread then restores and restarts. Its own CPU time tells a
         stalled switcher from a daemon slow to read it (on a loaded host,
         this daemon's threads can be held up too); where it cannot be read,
-        silence alone decides."""
+        silence alone decides. A switcher is judged only once it is ready:
+        until then it has been given nothing (the plan on record is the last
+        one's), and :meth:`_start_switcher` times its start. (A new
+        switcher starting on a loaded host was once killed 355 ms into its
+        start, and the next only came 10 s later.)"""
         limit = stall_limit(self.max_stall_ms)
         ran, ran_at = self._ran_ns(proc), time.monotonic()
         while proc.poll() is None and self._proc is proc:
@@ -468,8 +477,8 @@ class Engine:
                 ran, ran_at = ran_now, now
             sent = self._sent
             silent = now - self._heard
-            if (sent is None or not sent.cells or silent < limit or (ran is not None and now - ran_at < limit)
-                    or proc.poll() is not None):
+            if (not getattr(proc, "ready", False) or sent is None or not sent.cells or silent < limit
+                    or (ran is not None and now - ran_at < limit) or proc.poll() is not None):
                 continue
             frozen = sum(1 for e in list(self.journal.entries.values())
                          if e.get("kind") == "freeze" and (self.fs.read_or(e["path"]) or "").strip() == "1")
