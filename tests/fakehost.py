@@ -134,9 +134,10 @@ class FakeSched:
         self.calls.append((tid, attr))
         self.attrs[tid] = attr
 
-    def knob(self, fs):
+    def knob(self, fs, clock=None):
+        import time
         from cosched.actuators.sched import SchedKnob
-        return SchedKnob(fs, get=self.get, put=self.set)
+        return SchedKnob(fs, get=self.get, put=self.set, clock=clock or time.monotonic_ns)
 
 
 class ThreadSwitcher:

@@ -179,6 +179,37 @@ def test_a_dead_switcher_is_undone_and_replaced_at_once(fake, fs, tmp_path):
         assert engine.release() == []
 
 
+def test_a_new_switcher_is_told_which_vcpus_the_daemon_returned_from_deadline_boosts(fake, fs, tmp_path):
+    """A dead switcher's deadline boosts are restored through the zero
+    reservation, which may leave those threads a deadline its period away:
+    the next switcher's plan says until when not to boost them."""
+    import threading
+    asked = threading.Event()
+    sched = FakeSched()
+    knob = sched.knob(fs)
+    engine = Engine(fs, Journal(str(tmp_path / "run/journal")), FakePinner(), sched=knob,
+                    switcher_factory=ThreadSwitcher.factory(fs, knob), resync=asked.set)
+    try:
+        snap = snapshot(fake, fs, 1, xml=GANG.replace('name="gang" quantum-ms="200"', 'name="boost"'))
+        engine.reconcile(snap)
+        assert engine._sent.cells[0].mode == "boost"
+        assert [v.quiet_until for v in engine._sent.cells[0].members[0].vcpus] == [0, 0]
+        time.sleep(1.0)
+        first = engine._proc
+        first.switcher.release_all = lambda: None         # killed: it cleans nothing up itself
+        sched.attrs[102] = SchedAttr("deadline", runtime_ns=2_000_000, deadline_ns=8_000_000, period_ns=8_000_000)
+        first.kill()
+        assert asked.wait(5), "the daemon was not asked to resync"
+        assert sched.attrs[102] == SchedAttr()
+        restored = time.monotonic_ns()
+        engine.reconcile(snap)
+        assert engine._proc is not first
+        quiet = [v.quiet_until for v in engine._sent.cells[0].members[0].vcpus]
+        assert quiet[0] == 0 and restored - 2e9 < quiet[1] - knob._zero.period_ns <= restored, quiet
+    finally:
+        assert engine.release() == []
+
+
 class SlowStart(ThreadSwitcher):
     """A switcher that takes a second to say it is ready (a loaded host)."""
 

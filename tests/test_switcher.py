@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from fakehost import CgroupEventsFS as FreezerFS, FakeSched
 
-from cosched.actuators.sched import SchedAttr
+from cosched.actuators.sched import SchedAttr, zero_bandwidth
 from cosched.engine import protocol as pr
 from cosched.engine.switcher import WATCH_POLL_NS as POLL, Switcher, serve
 
@@ -39,6 +39,9 @@ def tree(tmp_path, names=("a", "b", "c"), rt=False):
             fs.write(f"{CPU}/machine/{n}/cpu.rt_runtime_us", "0")
     if rt:
         fs.write(f"{CPU}/machine/cpu.rt_runtime_us", "0")
+    # the zero reservation's period, which a vCPU returned from a late boost waits: half a poll
+    (tmp_path / "proc/sys/kernel").mkdir(parents=True, exist_ok=True)
+    fs.write("/proc/sys/kernel/sched_deadline_period_max_us", "250")
     return fs
 
 
@@ -91,7 +94,7 @@ def test_release_thaws_and_returns_each_boost_to_its_recorded_attributes(tmp_pat
     fs, clock, sched = tree(tmp_path), Clock(), FakeSched()
     batch = SchedAttr("batch", nice=5)
     deadline = SchedAttr("deadline", runtime_ns=1 * MS, deadline_ns=10 * MS, period_ns=10 * MS)
-    sw = Switcher(fs, 500 * MS, sched=sched.knob(fs), clock=clock)
+    sw = Switcher(fs, 500 * MS, sched=sched.knob(fs, clock), clock=clock)
     sw.apply(gang(member("a", prio=1, original=batch), member("b", prio=1, original=deadline), member("c", prio=1)))
     assert sched.attrs[100] == SchedAttr("fifo", priority=1) and 200 not in sched.attrs
     clock.now += 50 * MS
@@ -156,7 +159,7 @@ def test_a_vcpu_that_does_not_freeze_is_named_and_the_rotation_goes_on(tmp_path)
 
 def test_eperm_boost_falls_back_to_freeze_only(tmp_path):
     fs, clock = tree(tmp_path), Clock()
-    sw = Switcher(fs, 500 * MS, sched=FakeSched(fail={"fifo": errno.EPERM}).knob(fs), clock=clock)
+    sw = Switcher(fs, 500 * MS, sched=FakeSched(fail={"fifo": errno.EPERM}).knob(fs, clock), clock=clock)
     sw.apply(gang(member("a", prio=1), member("b", prio=1)))
     stats = sw.take_stats()
     assert stats.boost_failed["gang"].startswith("boost impossible for domain a")
@@ -182,7 +185,7 @@ def test_ebusy_freeze_write_is_reported_not_fatal(tmp_path, monkeypatch):
 
 def test_rt_runtime_granted_statically_and_restored(tmp_path):
     fs, clock = tree(tmp_path, rt=True), Clock()
-    sw = Switcher(fs, 500 * MS, rt_top_us=900_000, sched=FakeSched().knob(fs), clock=clock)
+    sw = Switcher(fs, 500 * MS, rt_top_us=900_000, sched=FakeSched().knob(fs, clock), clock=clock)
     sw.apply(gang(member("a", prio=1, rt=True, rt_us=100_000), member("b", prio=1, rt=True, rt_us=100_000),
                   rt_top_us=900_000))
     rt = lambda p: fs.read(f"{CPU}/machine/{p}cpu.rt_runtime_us")
@@ -261,7 +264,7 @@ def test_bcs_boosts_with_sched_deadline_and_returns_to_the_recorded_attributes(t
     fs, clock, sched = tree(tmp_path), Clock(), FakeSched()
     procs = Procs(fs, (100, 101))
     batch = SchedAttr("batch", nice=3)
-    sw = Switcher(fs, 500 * MS, sched=sched.knob(fs), clock=clock)
+    sw = Switcher(fs, 500 * MS, sched=sched.knob(fs, clock), clock=clock)
     a = replace(member("a", original=batch), boost_ms=2)
     sw.apply(watched("boost", a))
     assert sw.tick() == POLL and sched.calls == []     # the first poll is due at once, and only looks
@@ -274,8 +277,49 @@ def test_bcs_boosts_with_sched_deadline_and_returns_to_the_recorded_attributes(t
     procs.picked(101)                                  # it got a CPU: back to exactly what it had
     sw.tick()
     assert sched.attrs[101] == batch
+    assert sched.calls[-2:] == [(101, zero_bandwidth(fs)), (101, batch)]   # young: through the zero reservation
     assert pr.Tally("a", 1, boosts=1) in sw.take_stats().tallies
     assert all(fs.read(f"{CG2}/machine/a/vcpu{i}/cgroup.freeze") == "0" for i in range(2))   # boost never freezes
+
+
+def test_a_vcpu_returned_from_a_late_boost_is_not_boosted_for_the_zero_reservations_period(tmp_path):
+    """A switcher held up past a boost's deadline returns the vCPU through
+    the zero reservation all the same (nothing left counted), which may
+    give it a deadline that far away: that vCPU is not boosted again before
+    the zero reservation's period is over. Nor is one the daemon restored
+    lately (``VcpuPlan.quiet_until``), whatever the new switcher knows."""
+    from cosched.engine.switcher import boost_attr
+    fs, clock, sched = tree(tmp_path), Clock(), FakeSched()
+    fs.write("/proc/sys/kernel/sched_deadline_period_max_us", "100000")     # 100 ms
+    zero = zero_bandwidth(fs)
+    procs = Procs(fs, (100, 101))
+    sw = Switcher(fs, 500 * MS, sched=sched.knob(fs, clock), clock=clock)
+    a = replace(member("a"), boost_ms=2)
+    restored = clock.now + 100 * MS
+    sw.apply(watched("boost", replace(a, vcpus=(a.vcpus[0], replace(a.vcpus[1], quiet_until=restored)))))
+
+    def step():
+        clock.now += POLL
+        procs.runs(100)                                # 101 waits behind the running 100
+        sw.tick()
+    sw.tick()
+    while clock.now < restored - POLL:
+        step()
+        assert 101 not in sched.attrs, clock.now       # restored by the daemon: its boosts wait
+    step()
+    step()
+    assert sched.attrs[101].policy == "deadline"
+    clock.now += boost_attr(2, sw.share).deadline_ns   # held up: boost-ms and the deadline are over
+    procs.runs(100)
+    sw.tick()
+    assert (101, zero) in sched.calls[-4:] and sched.calls[-1] == (101, SchedAttr())
+    returned = clock.now
+    while clock.now < returned + 100 * MS - POLL:
+        step()
+        assert sched.attrs[101] == SchedAttr(), clock.now - returned
+    step()
+    step()
+    assert sched.attrs[101].policy == "deadline"
 
 
 def test_long_waits_left_for_want_of_room_are_counted(tmp_path):
@@ -283,7 +327,7 @@ def test_long_waits_left_for_want_of_room_are_counted(tmp_path):
     two boosts each; with room for two, one guest's long wait waits on."""
     fs, clock, sched = tree(tmp_path), Clock(), FakeSched()
     procs = Procs(fs, (100, 101, 200, 201))
-    sw = Switcher(fs, 500 * MS, sched=sched.knob(fs), clock=clock)
+    sw = Switcher(fs, 500 * MS, sched=sched.knob(fs, clock), clock=clock)
     sw.apply(watched("boost", replace(member("a"), boost_ms=2), replace(member("b"), boost_ms=2), max_boosted=2))
     sw.tick()
     for _ in range(2):
@@ -302,7 +346,7 @@ def test_bcs_sees_a_vcpu_running_between_ticks_as_running(tmp_path):
     from cosched.engine.switcher import boost_attr
     fs, clock, sched = tree(tmp_path), Clock(), FakeSched()
     procs = Procs(fs, (100, 101))
-    sw = Switcher(fs, 500 * MS, sched=sched.knob(fs), clock=clock)
+    sw = Switcher(fs, 500 * MS, sched=sched.knob(fs, clock), clock=clock)
     sw.apply(watched("boost", replace(member("a"), boost_ms=2)))
     procs.runs(100)
     procs.runs(101)                                    # both on a CPU
@@ -327,7 +371,7 @@ def test_a_calm_boost_guest_is_polled_less_often_and_a_relaxed_one_every_poll(tm
     for tid in procs.state:                            # every vCPU idle
         procs.state[tid][0] = "S"
         procs.write(tid)
-    sw = Switcher(fs, 500 * MS, sched=sched.knob(fs), clock=clock)
+    sw = Switcher(fs, 500 * MS, sched=sched.knob(fs, clock), clock=clock)
     sw.apply(watched("boost", replace(member("a"), boost_ms=2)))
     gaps = []
     for _ in range(200):
@@ -346,7 +390,7 @@ def test_a_calm_boost_guest_is_polled_less_often_and_a_relaxed_one_every_poll(tm
 
 def first_boost(fs, procs, clock, sched: FakeSched) -> Switcher:
     """A boost guest whose vCPU 0 runs while vCPU 1 waits for two polls: the switcher's first boost."""
-    sw = Switcher(fs, 500 * MS, sched=sched.knob(fs), clock=clock)
+    sw = Switcher(fs, 500 * MS, sched=sched.knob(fs, clock), clock=clock)
     sw.apply(watched("boost", replace(member("a"), boost_ms=2)))
     procs.runs(100)
     sw.tick()
@@ -375,7 +419,7 @@ def test_bcs_falls_back_to_fifo_and_reports_when_no_boost_is_allowed(tmp_path):
 def test_relaxed_freezes_only_the_leader_and_release_thaws_it(tmp_path):
     fs, clock, sched = tree(tmp_path), Clock(), FakeSched()
     procs = Procs(fs, (100, 101))
-    sw = Switcher(fs, 500 * MS, sched=sched.knob(fs), clock=clock)
+    sw = Switcher(fs, 500 * MS, sched=sched.knob(fs, clock), clock=clock)
     sw.apply(watched("relaxed", replace(member("a"), costop_ms=3, costart_ms=2)))
     sw.tick()
     frozen_at = None
@@ -397,7 +441,7 @@ def test_relaxed_freezes_only_the_leader_and_release_thaws_it(tmp_path):
 def test_relaxed_boosts_hold_an_rt_grant_and_give_it_back(tmp_path):
     fs, clock = tree(tmp_path, rt=True), Clock()
     Procs(fs, (100, 101))
-    sw = Switcher(fs, 500 * MS, rt_top_us=900_000, sched=FakeSched().knob(fs), clock=clock)
+    sw = Switcher(fs, 500 * MS, rt_top_us=900_000, sched=FakeSched().knob(fs, clock), clock=clock)
     sw.apply(replace(watched("relaxed", replace(member("a", rt=True, rt_us=100_000), boost_ms=2, costop_ms=3,
                                                     costart_ms=2)), rt_top_us=900_000))
     rt = lambda p: fs.read(f"{CPU}/machine/{p}cpu.rt_runtime_us")
@@ -413,7 +457,7 @@ def test_a_new_switcher_adopts_vcpus_a_killed_one_left_frozen(tmp_path):
     for i in range(2):                                   # a killed switcher froze b and co-stopped c's vCPU 1
         fs.write(f"{CG2}/machine/b/vcpu{i}/cgroup.freeze", "1")
     fs.write(f"{CG2}/machine/c/vcpu1/cgroup.freeze", "1")
-    sw = Switcher(fs, 300 * MS, sched=FakeSched().knob(fs), clock=clock)
+    sw = Switcher(fs, 300 * MS, sched=FakeSched().knob(fs, clock), clock=clock)
     sw.apply(gang(member("a"), member("b"), max_stall_ms=300))
     assert thawed(fs, "ab") == ["a"]
     clock.now += 50 * MS
@@ -450,7 +494,7 @@ def granted_gang(tmp_path):
     fs, clock = tree(tmp_path, rt=True), Clock()
     exits = Exits(fs)
     sched = FakeSched()
-    sw = Switcher(fs, 500 * MS, rt_top_us=900_000, sched=sched.knob(fs), clock=clock)
+    sw = Switcher(fs, 500 * MS, rt_top_us=900_000, sched=sched.knob(fs, clock), clock=clock)
     plan = gang(member("a", prio=1, rt=True, rt_us=100_000), member("b", prio=1, rt=True, rt_us=100_000),
                 rt_top_us=900_000)
     return fs, clock, exits, sched, sw, plan
@@ -463,7 +507,7 @@ def test_a_co_stopped_vcpu_of_a_guest_that_ended_is_no_forced_thaw(tmp_path):
     fs, clock = tree(tmp_path, rt=True), Clock()
     exits = Exits(fs)
     procs = Procs(fs, (100, 101))
-    sw = Switcher(fs, 500 * MS, rt_top_us=900_000, sched=FakeSched().knob(fs), clock=clock)
+    sw = Switcher(fs, 500 * MS, rt_top_us=900_000, sched=FakeSched().knob(fs, clock), clock=clock)
     sw.apply(replace(watched("relaxed", replace(member("a", rt=True, rt_us=100_000), boost_ms=2, costop_ms=3,
                                                     costart_ms=2)), rt_top_us=900_000))
     sw.tick()
@@ -530,11 +574,11 @@ def test_a_boost_guest_holds_rt_runtime_only_once_a_vcpu_needs_the_fifo_fallback
     procs = Procs(fs, (100, 101))
     rt = lambda p: fs.read(f"{CPU}/machine/{p}cpu.rt_runtime_us")
     plan = replace(watched("boost", replace(member("a", rt=True, rt_us=100_000), boost_ms=2)), rt_top_us=900_000)
-    sw = Switcher(fs, 500 * MS, rt_top_us=900_000, sched=FakeSched().knob(fs), clock=clock)
+    sw = Switcher(fs, 500 * MS, rt_top_us=900_000, sched=FakeSched().knob(fs, clock), clock=clock)
     sw.apply(plan)
     assert {rt(p) for p in ("", "a/", "a/vcpu1/")} == {"0"} and sw.exits == {}   # SCHED_DEADLINE needs none
     pinned = FakeSched(fail={"deadline": errno.EPERM})
-    sw = Switcher(fs, 500 * MS, rt_top_us=900_000, sched=pinned.knob(fs), clock=clock)
+    sw = Switcher(fs, 500 * MS, rt_top_us=900_000, sched=pinned.knob(fs, clock), clock=clock)
     sw.apply(plan)
     procs.runs(100)
     sw.tick()
@@ -557,7 +601,7 @@ def until(cond, timeout=5.0):
 def test_a_guest_removed_while_holding_rt_runtime_is_named(tmp_path):
     import shutil
     fs, clock = tree(tmp_path, rt=True), Clock()
-    sw = Switcher(fs, 500 * MS, rt_top_us=900_000, sched=FakeSched().knob(fs), clock=clock)
+    sw = Switcher(fs, 500 * MS, rt_top_us=900_000, sched=FakeSched().knob(fs, clock), clock=clock)
     sw.apply(gang(member("a", prio=1, rt=True, rt_us=100_000), member("b", prio=1, rt=True, rt_us=100_000),
                   rt_top_us=900_000))
     shutil.rmtree(fs.path(f"{CPU}/machine/a"))             # libvirt removed it first: no exit descriptor here

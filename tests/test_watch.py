@@ -102,6 +102,26 @@ def test_bcs_pause_ms_zero_boosts_again_from_the_next_look():
     assert poll(bcs, 3.5 * MS, [a, b]).boost == [1, 0]  # the next look: b still waits, boosted again
 
 
+def test_bcs_boosts_a_vcpu_again_only_once_its_last_boosts_period_is_over():
+    """With a 5 ms reservation period, a vCPU boosted at 1 ms is not boosted
+    again before 6 ms, whatever pause-ms: until then the kernel would hand
+    it what its last boost left."""
+    a, b = Thread(cpu=0), Thread(cpu=1)
+    bcs = Bcs(2, boost_ns=2 * MS, pause_ns=0, period_ns=5 * MS)
+    for t in (0, 1):
+        a.runs(MS)
+        poll(bcs, t * MS, [a, b])
+    for t in (2, 3):
+        a.runs(MS)
+        acts = poll(bcs, t * MS, [a, b])
+    assert acts.unboost == [0, 1]                     # boosted at 1 ms, over at 3 ms
+    for t in (3.5, 4, 5, 5.5):
+        a.runs(MS)
+        assert poll(bcs, t * MS, [a, b]).boost == [], t
+    a.runs(MS)
+    assert poll(bcs, 6 * MS, [a, b]).boost == [1, 0]
+
+
 def test_bcs_boosts_the_runner_first_when_siblings_share_a_cpu():
     a, b = Thread(cpu=1), Thread(cpu=1)                # CFS stacked both on CPU 1
     bcs = Bcs(2, boost_ns=2 * MS, pause_ns=2 * MS)

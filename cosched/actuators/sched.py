@@ -10,18 +10,38 @@ kernel's ``sched_getattr(2)`` / ``sched_setattr(2)`` directly, through libc's
 The journal entry (kind ``sched``) names the thread by TID *and* start time:
 a TID the kernel has since given to another thread is not touched.
 
-Leaving SCHED_DEADLINE takes two writes. Measured on Linux 6.18: a deadline
-thread set back to another policy while it sleeps, after its zero-lag time,
-keeps its bandwidth counted in the root domain's admission total
-(``dl_bw->total_bw``) after it leaves, and after it exits, until the kernel
-next rebuilds its root domains (a cpuset change, such as libvirt removing a
-guest's cgroup). Boosting blocking guests filled all of the host's deadline
-bandwidth within seconds, after which the kernel refused every boost (EBUSY)
-and every other deadline task on the host. A thread first given the smallest
-reservation the kernel accepts (:func:`zero_bandwidth`: 1,024 ns per longest
-period, which is 0 in the kernel's fixed point) and then its own policy
-leaves nothing behind, asleep or running (``tests/test_journal.py`` checks
-the total after 50 returns, most of them while the thread sleeps).
+Leaving SCHED_DEADLINE takes care. Measured on Linux 6.18:
+
+* a deadline thread set back to another policy while it sleeps, after its
+  zero-lag time, keeps its bandwidth counted in the root domain's admission
+  total (``dl_bw->total_bw``) after it leaves, and after it exits, until the
+  kernel next rebuilds its root domains (a cpuset change, such as libvirt
+  removing a guest's cgroup). Boosting blocking guests filled all of the
+  host's deadline bandwidth within seconds, after which the kernel refused
+  every boost (EBUSY) and every other deadline task on the host. A thread
+  first given the smallest reservation the kernel accepts
+  (:func:`zero_bandwidth`: 1,024 ns per longest period, which is 0 in the
+  kernel's fixed point) and then its own policy leaves nothing behind,
+  whatever its state (``tests/test_journal.py`` checks the total after 100
+  returns of a thread that runs and sleeps by turns). Deciding by the
+  thread's state instead is a race: a thread found runnable that falls
+  asleep before the call leaves its bandwidth behind (one return in a
+  thousand, measured; enough to refuse every boost within a run);
+* but the zero reservation can stop the thread's next boost. The kernel
+  keeps a thread's budget and deadline after it leaves and hands them back
+  if it re-enters SCHED_DEADLINE before that deadline; a budget that runs
+  out under the zero reservation, or a runnable thread whose deadline has
+  already passed when it gets the zero reservation, is given a new
+  deadline at that reservation's rate, seconds away: the next boost
+  stopped the thread for 4.2 s. So this knob notes, for each thread it
+  returns through the zero reservation when that thread's deadline may be
+  behind it (its boost outlived its period: a switcher held up; or a
+  restore, which does not know), until when its next boost would inherit
+  such a deadline (:meth:`SchedKnob.quiet_until`: the zero reservation's
+  period on). The switcher boosts no vCPU before then, and boosts a vCPU
+  afresh only a period after its last boost took effect
+  (:class:`cosched.policy.watch.Bcs`); the daemon tells a new switcher
+  what it restored (:class:`cosched.engine.protocol.VcpuPlan`).
 """
 from __future__ import annotations
 
@@ -29,6 +49,7 @@ import ctypes
 import errno
 import os
 import platform
+import time
 from dataclasses import asdict, dataclass
 
 from cosched.actuators.journal import Gone
@@ -145,18 +166,21 @@ class SchedKnob:
     """Apply, record, restore and verify thread scheduling attributes.
 
     ``get`` and ``set`` default to the real system calls; tests pass fakes,
-    so no test ever reaches a real host thread. A thread leaves SCHED_DEADLINE
-    through :func:`zero_bandwidth` (see the module doc).
+    so no test ever reaches a real host thread; ``clock`` gives monotonic
+    ns. A thread leaves SCHED_DEADLINE through :func:`zero_bandwidth` (see
+    the module doc).
     """
 
     kind = KIND
 
-    def __init__(self, fs: HostFS, get=None, put=None):
+    def __init__(self, fs: HostFS, get=None, put=None, clock=time.monotonic_ns):
         self.fs = fs
         self.get = get or (lambda tid: get_attr(tid))
         self.set = put or (lambda tid, attr: set_attr(tid, attr))
+        self.clock = clock
         self._zero = zero_bandwidth(fs)
-        self._deadline: set[int] = set()     # threads this knob made deadline threads
+        self._deadline: dict[int, int] = {}  # threads this knob made deadline threads -> their period's end
+        self._quiet: dict[int, int] = {}     # thread -> its next deadline reservation may inherit a far deadline until
 
     def _put(self, tid: int, attr: SchedAttr, deadline_now: bool) -> None:
         if deadline_now and attr.policy != "deadline":
@@ -166,11 +190,24 @@ class SchedKnob:
                 if e.errno == errno.ESRCH:
                     raise
                 # not expected (the reservation only shrinks); the return itself still happens
+            left = self.clock()
+            if left >= self._deadline.get(tid, left):   # its deadline may be behind it, or is not known
+                self._quiet = {t: until for t, until in self._quiet.items() if until > left}
+                self._quiet[tid] = left + self._zero.period_ns
+        now = self.clock()
         self.set(tid, attr)
         if attr.policy == "deadline":
-            self._deadline.add(tid)
+            self._deadline[tid] = now + attr.deadline_ns  # taken before the call: never later than the kernel's
         else:
-            self._deadline.discard(tid)
+            self._deadline.pop(tid, None)
+
+    def quiet_until(self, tid: int) -> int:
+        """Until when (``clock`` ns; 0: no such time) thread ``tid`` must not
+        enter SCHED_DEADLINE: this knob returned it through the zero
+        reservation when its deadline may have been behind it, so the kernel
+        may hold a deadline for it up to the zero reservation's period away,
+        which a boost before then would inherit (see the module doc)."""
+        return self._quiet.get(tid, 0)
 
     @staticmethod
     def key(tid: int, start_time: int) -> str:

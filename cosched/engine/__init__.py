@@ -352,13 +352,14 @@ class Engine:
     # -- the switcher ---------------------------------------------------
     def _message(self, p: Plan) -> pr.Plan:
         """The plan as the switcher takes it; each vCPU carries the attributes
-        the journal recorded for it, which its boosts return it to."""
+        the journal recorded for it, which its boosts return it to, and until
+        when it must not be boosted, if a restore here returned it from one."""
         originals = {e["tid"]: SchedAttr.from_json(e["attr"])
                      for e in self.journal.entries.values() if e.get("kind") == "sched"}
 
         def member(m) -> pr.MemberPlan:
-            vcpus = tuple(pr.VcpuPlan(v.index, v.tid, v.freeze, tuple(v.rt_chain), originals.get(v.tid, SchedAttr()))
-                          for v in m.vcpus)
+            vcpus = tuple(pr.VcpuPlan(v.index, v.tid, v.freeze, tuple(v.rt_chain), originals.get(v.tid, SchedAttr()),
+                                      self.sched.quiet_until(v.tid)) for v in m.vcpus)
             # never boost a thread whose original is not on record: it could not be put back
             recorded = all(v.tid in originals for v in m.vcpus)
             return pr.MemberPlan(m.uuid, m.name, m.slot_ms, m.priority if recorded else 0, vcpus, m.rt_vcpu_us,

@@ -28,6 +28,8 @@ class VcpuPlan:
     freeze: str | None                      # host path of its cgroup.freeze
     rt_chain: tuple[str, ...] = ()          # cpu.rt_runtime_us files a boost needs, top-down
     original: SchedAttr = SchedAttr()       # what a boost returns it to: the journaled original
+    quiet_until: int = 0                    # no deadline boost before (CLOCK_MONOTONIC ns): the daemon
+                                            # returned it from one (SchedKnob.quiet_until)
 
 
 @dataclass(frozen=True)

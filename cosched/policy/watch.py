@@ -36,7 +36,11 @@ change. Per poll, a vCPU
     ends as soon as the vCPU is switched in (it has run; a running one is
     switched in again only after it lost its CPU), when it blocks, or after
     ``boost-ms``; the same vCPU is then not boosted again for ``pause-ms``
-    (0: from the next look on).
+    (0: from the next look on), and never before the period of its last
+    boost's deadline reservation has ended, counted from that boost's
+    start (``period_ns``): until then the kernel hands the thread the
+    budget it left with (:func:`cosched.engine.switcher.boost_attr` says
+    why and how long), nor while the switcher holds it (:meth:`Bcs.hold`).
     Never more boosts at once than the switcher allows (``room``): the
     waiting first, then the runners. A long wait left unboosted is
     counted once, under the first reason: ``room`` (every boost the
@@ -142,9 +146,10 @@ def _waiting(vcpus: list[_Vcpu], seen: list[Seen]) -> list[bool]:
 class Bcs:
     """Boost co-scheduling of one guest with ``n`` vCPUs (see the module doc)."""
 
-    def __init__(self, n: int, boost_ns: int, pause_ns: int):
+    def __init__(self, n: int, boost_ns: int, pause_ns: int, period_ns: int = 0):
         self.boost_ns = boost_ns
         self.pause_ns = pause_ns
+        self.period_ns = period_ns   # of a boost's reservation: no boost of a vCPU sooner after its last began
         self.vcpus = [_Vcpu() for _ in range(n)]
         self.every = 1           # look at this guest every that many polls
         self.next_in = 1         # polls until the next look
@@ -176,11 +181,25 @@ class Bcs:
         """The boost of vCPU ``i`` could not be applied: it is not boosted."""
         self.vcpus[i].boosted_at = None
 
+    def started(self, i: int, at: int) -> None:
+        """The boost of vCPU ``i`` took effect by ``at`` (a deadline boost's
+        period is counted from then)."""
+        if self.vcpus[i].boosted_at is not None:
+            self.vcpus[i].boosted_at = at
+
+    def hold(self, i: int, until: int) -> None:
+        """No boost of vCPU ``i`` before ``until``: the kernel may hold a
+        deadline that far away for it, which a boost would inherit
+        (:meth:`cosched.actuators.sched.SchedKnob.quiet_until`)."""
+        self.vcpus[i].quiet_until = max(self.vcpus[i].quiet_until, until)
+
     def _ends(self, now: int, seen: list[Seen], out: Actions) -> None:
         for i, (v, s) in enumerate(zip(self.vcpus, seen)):
             if v.boosted_at is not None and (s.picks > v.boost_picks or not s.runnable
                                              or now - v.boosted_at >= self.boost_ns):
-                v.boosted_at, v.quiet_until = None, now + max(self.pause_ns, 1)   # 0: from the next look
+                # 0: from the next look; not before the kernel let go of this boost's budget
+                v.quiet_until = max(now + max(self.pause_ns, 1), v.boosted_at + self.period_ns)
+                v.boosted_at = None
                 out.unboost.append(i)
 
     def _held(self, i: int, seen: list[Seen], out: Actions, why: str) -> None:
@@ -242,16 +261,25 @@ class Relaxed:
 
     next_in = 1              # looked at every poll: progress clocks advance by what each poll saw
 
-    def __init__(self, n: int, costop_ns: int, costart_ns: int, boost_ns: int = 0, pause_ns: int = 0):
+    def __init__(self, n: int, costop_ns: int, costart_ns: int, boost_ns: int = 0, pause_ns: int = 0,
+                 period_ns: int = 0):
         self.costop_ns = costop_ns
         self.costart_ns = costart_ns
         self.vcpus = [_Vcpu() for _ in range(n)]
-        self.bcs = Bcs(n, boost_ns, pause_ns) if boost_ns else None
+        self.bcs = Bcs(n, boost_ns, pause_ns, period_ns) if boost_ns else None
         self._at: int | None = None
 
     def cancel(self, i: int) -> None:
         if self.bcs is not None:
             self.bcs.cancel(i)
+
+    def started(self, i: int, at: int) -> None:
+        if self.bcs is not None:
+            self.bcs.started(i, at)
+
+    def hold(self, i: int, until: int) -> None:
+        if self.bcs is not None:
+            self.bcs.hold(i, until)
 
     @property
     def frozen(self) -> list[int]:
