@@ -70,6 +70,17 @@ def parse_schedstat(raw: bytes) -> tuple[int, int, int]:
     return int(run), int(wait), int(switch_ins)
 
 
+def frozen_usec(raw: bytes) -> int:
+    """Microseconds a cgroup has been frozen, from a raw ``cgroup.stat.local``
+    (``frozen_usec N``; counted from the write of ``1`` to ``cgroup.freeze``
+    to that of ``0``, so a freeze in progress counts)."""
+    for line in raw.splitlines():
+        key, _, value = line.partition(b" ")
+        if key == b"frozen_usec":
+            return int(value)
+    raise ValueError("no frozen_usec in cgroup.stat.local")
+
+
 def switch_outs(raw: bytes) -> int:
     """Times switched out (``voluntary_ctxt_switches`` + ``nonvoluntary_ctxt_switches``)
     from a raw ``status``. With ``schedstat``'s switch-ins it tells whether a

@@ -39,11 +39,20 @@ class Host:
     def nodes(self) -> tuple[int, ...]:
         return tuple(sorted(set(self.node_of.values()))) or (0,)
 
-    def freeze_file(self, vcpu: "Vcpu") -> str | None:
-        """Host path of the vCPU's v2 ``cgroup.freeze``, if it has its own cgroup."""
+    def _cgroup2_file(self, vcpu: "Vcpu", name: str) -> str | None:
         if not self.cgroup2_mount or not vcpu.cgroup2 or vcpu.cgroup2 == "/":
             return None
-        return f"{self.cgroup2_mount}{vcpu.cgroup2}/cgroup.freeze"
+        return f"{self.cgroup2_mount}{vcpu.cgroup2}/{name}"
+
+    def freeze_file(self, vcpu: "Vcpu") -> str | None:
+        """Host path of the vCPU's v2 ``cgroup.freeze``, if it has its own cgroup."""
+        return self._cgroup2_file(vcpu, "cgroup.freeze")
+
+    def frozen_time_file(self, vcpu: "Vcpu") -> str | None:
+        """Host path of the vCPU's v2 ``cgroup.stat.local``, if it has its own
+        cgroup: ``frozen_usec``, the time its cgroup has been frozen
+        (Linux 6.17 on; the file is missing before)."""
+        return self._cgroup2_file(vcpu, "cgroup.stat.local")
 
     def rt_chain(self, vcpu: "Vcpu") -> tuple[str, ...]:
         """``cpu.rt_runtime_us`` files a SCHED_FIFO boost of the vCPU needs, top-down

@@ -190,6 +190,35 @@ def test_a_starved_vcpus_wait_counts_as_it_happens_and_once(fake, fs):
     assert [(v.wait, v.waiting) for v in s.view()[UUID].vcpus] == [(0.0, 0.0), (pytest.approx(1.0), 0.0)]
 
 
+@pytest.mark.parametrize("kernel_counts", [True, False])
+def test_costop_counts_in_the_window_it_happened(fake, fs, kernel_counts):
+    """vCPU 1 is co-stopped through the first window while vCPU 0 runs; the
+    engine hears of it only in the second (the switcher reports ten times a
+    second). Where the kernel counts the cgroup's frozen time, the sampler
+    reads it and the lag falls in the first window; before 6.17 it falls
+    where the engine's count arrives."""
+    snap = make_snapshot(fake, fs, {0: 101, 1: 102})
+    vcpu1 = f"{fake.cg2}/machine/qemu-1-vm1.libvirt-qemu/vcpu1"
+    if kernel_counts:
+        fake.write(f"{fake.cg2}/machine/qemu-1-vm1.libvirt-qemu/vcpu0/cgroup.stat.local", "frozen_usec 0\n")
+        fake.write(f"{vcpu1}/cgroup.stat.local", "frozen_usec 5000000\n")    # frozen before: not this window's
+    engine = {}
+    s = Sampler(fs, 0.01, lambda: snap, costop=lambda: dict(engine))
+    s.step(now_ns=0)
+    fake.schedstat(100, 101, 10_000_000, 0)
+    if kernel_counts:
+        fake.write(f"{vcpu1}/cgroup.stat.local", "frozen_usec 5010000\n")
+    s.step(now_ns=10_000_000)
+    engine[(UUID, 1)] = 0.01                          # the switcher's report arrives
+    fake.schedstat(100, 101, 20_000_000, 0)
+    fake.schedstat(100, 102, 10_000_000, 0)
+    s.step(now_ns=20_000_000)
+    dom = s.domains[UUID]
+    assert (dom.vcpus[1].frozen_fd is not None) == kernel_counts
+    skews = [dom.skew.total, dom.last_skew]           # both windows, the last one
+    assert skews == ([pytest.approx(0.01), 0.0] if kernel_counts else [pytest.approx(0.01), pytest.approx(0.01)])
+
+
 def test_vanished_thread_requests_resync(fake, fs):
     snap = make_snapshot(fake, fs, {0: 101, 1: 102})
     asked = []

@@ -20,6 +20,14 @@ estimated, and its error bound, is in :mod:`cosched.sampler.estimate`.
 A thread that vanished (ESRCH/ENOENT) is dropped and ``on_vanished`` asks
 discovery for a resync.
 
+A vCPU's lag counts the time cosched held it co-stopped. Where the kernel
+counts a cgroup's frozen time (``frozen_usec`` in ``cgroup.stat.local``,
+Linux 6.17 on) the sampler reads it from each vCPU's own cgroup with the
+rest, so each window gets exactly the co-stops in it; before, it takes the
+engine's count, which comes ten times a second (a window then gets a tenth
+of a second's co-stops at once: ``relaxed``'s skew, one vCPU co-stopped
+at a time, read 2.6-4.4x the kernel trace's that way; README, *Metrics*).
+
 Where the in-kernel meter runs (:mod:`cosched.sampler.meter`; config key
 ``meter``), a pass reads it instead of ``/proc``: every thread's run, wait
 and frozen time and every guest's hazard and partial contention, counted
@@ -42,8 +50,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from cosched.hostfs import HostFS
-from cosched.kernel import on_cpu, parse_schedstat, stat_runnable_cpu
-from cosched.model import Snapshot
+from cosched.kernel import frozen_usec, on_cpu, parse_schedstat, stat_runnable_cpu
+from cosched.model import Host, Snapshot, Vcpu
 from cosched.histogram import Histogram
 from cosched.sampler.estimate import VcpuCarry, Window, estimate, place
 from cosched.sampler.meter import DEAD, RUNNING, SLEEPING, UNKNOWN, WAITING, Meter, Reading
@@ -60,7 +68,8 @@ class VcpuStats:
     fd: int | None
     run_ns: int = 0             # last cumulative schedstat values
     wait_ns: int = 0
-    costop: float = 0.0         # last cumulative costop seconds (from the engine)
+    costop: float = 0.0         # last cumulative costop seconds (its cgroup's frozen time, or the engine's)
+    frozen_fd: int | None = None  # its v2 cgroup.stat.local (frozen_usec), where the kernel has it
     carry: VcpuCarry = field(default_factory=VcpuCarry)
     stat_fd: int | None = None  # /proc/.../stat, for the thread's state
     runnable: bool = False      # state R at the last sample
@@ -116,6 +125,11 @@ def read_schedstat(fd: int) -> tuple[int, int]:
     return parse_schedstat(os.pread(fd, 128, 0))[:2]
 
 
+def read_frozen(fd: int) -> float:
+    """Seconds the cgroup has been frozen, from an open ``cgroup.stat.local``."""
+    return frozen_usec(os.pread(fd, 256, 0)) / 1e6
+
+
 def read_state(fd: int | None) -> tuple[bool, int | None]:
     """Whether the thread is running or runnable (state ``R``), and the host
     CPU it is on, from an open ``stat`` descriptor."""
@@ -155,7 +169,8 @@ class Sampler:
         self._last_snapshot: Snapshot | None = None
 
     # -- tracking -------------------------------------------------------
-    def _open(self, pid: int, tid: int) -> VcpuStats | None:
+    def _open(self, pid: int, vcpu: Vcpu, host: Host) -> VcpuStats | None:
+        tid = vcpu.tid
         try:
             fd = self.fs.open_fd(f"/proc/{pid}/task/{tid}/schedstat")
             run, wait = read_schedstat(fd)
@@ -167,7 +182,15 @@ class Sampler:
         except OSError:
             stat_fd = None
         runnable, cpu = read_state(stat_fd)
-        return VcpuStats(tid, fd, run, wait, stat_fd=stat_fd, runnable=runnable, cpu=cpu)
+        v = VcpuStats(tid, fd, run, wait, stat_fd=stat_fd, runnable=runnable, cpu=cpu)
+        path = host.frozen_time_file(vcpu)
+        if path is not None:
+            try:
+                v.frozen_fd = self.fs.open_fd(path)
+                v.costop = read_frozen(v.frozen_fd)
+            except (OSError, ValueError):      # before Linux 6.17: the engine's count
+                self._close_fd(v, "frozen_fd")
+        return v
 
     def _follow(self, snap: Snapshot) -> None:
         """Open descriptors for new vCPU threads, close those gone."""
@@ -178,13 +201,13 @@ class Sampler:
         for d in snap.domains:
             stats = self.domains.setdefault(d.uuid, DomainStats(d.name))
             stats.name = d.name
-            wanted = {v.index: v.tid for v in d.vcpus}
+            wanted = {v.index: v for v in d.vcpus}
             for index in list(stats.vcpus):
-                if wanted.get(index) != stats.vcpus[index].tid:
+                if index not in wanted or wanted[index].tid != stats.vcpus[index].tid:
                     self._close_vcpu(stats.vcpus.pop(index))
-            for index, tid in wanted.items():
+            for index, vcpu in wanted.items():
                 if index not in stats.vcpus and d.pid:
-                    v = self._open(d.pid, tid)
+                    v = self._open(d.pid, vcpu, snap.host)
                     if v is not None:
                         stats.vcpus[index] = v
         if self.meter is not None:
@@ -238,12 +261,35 @@ class Sampler:
         """``meter`` (the in-kernel meter) or ``proc`` (schedstat samples)."""
         return "meter" if self.meter is not None else "proc"
 
+    def _costop(self, v: VcpuStats, engine: float | None) -> float:
+        """Seconds the vCPU was co-stopped since the last sample: its
+        cgroup's own frozen time where the kernel counts it, exact to the
+        window; else the engine's count, which the switcher reports ten
+        times a second, so a window gets a tenth of a second's co-stops at
+        once and the ones around it none."""
+        if v.frozen_fd is not None:
+            try:
+                frozen = read_frozen(v.frozen_fd)
+            except (OSError, ValueError):      # its cgroup went: the engine's count from now on
+                self._close_fd(v, "frozen_fd")
+                v.costop = engine if engine is not None else v.costop
+                return 0.0
+        else:
+            frozen = engine if engine is not None else v.costop
+        d, v.costop = max(frozen - v.costop, 0.0), frozen
+        return d
+
     @staticmethod
-    def _close_vcpu(v: VcpuStats) -> None:
-        for fd in (v.fd, v.stat_fd):
-            if fd is not None:
-                os.close(fd)
-        v.fd = v.stat_fd = None
+    def _close_fd(v: VcpuStats, name: str) -> None:
+        fd = getattr(v, name)
+        if fd is not None:
+            os.close(fd)
+            setattr(v, name, None)
+
+    @classmethod
+    def _close_vcpu(cls, v: VcpuStats) -> None:
+        for name in ("fd", "stat_fd", "frozen_fd"):
+            cls._close_fd(v, name)
 
     def _close_domain(self, d: DomainStats) -> None:
         for v in d.vcpus.values():
@@ -302,8 +348,7 @@ class Sampler:
             stayed, v.cpu = (cpu if cpu == v.cpu else None), cpu
             d_run, d_wait = (run - v.run_ns) / 1e9, (wait - v.wait_ns) / 1e9
             v.run_ns, v.wait_ns = run, wait
-            frozen = costop.get((uuid, index), v.costop)
-            d_costop, v.costop = max(frozen - v.costop, 0.0), frozen
+            d_costop = self._costop(v, costop.get((uuid, index)))
             if dt > 0:
                 placed.append(place(v.carry, d_run, d_wait, dt, waiting))
                 stopped.append(min(d_costop, dt))
