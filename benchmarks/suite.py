@@ -233,11 +233,19 @@ def second_rates(rs: list[dict]) -> list[float]:
 def mode_policy(mode: str) -> tuple[str, dict[str, str]]:
     """The preset a mode puts guests under, and the parameters it sets:
     ``batch`` and ``cfs`` are ``none``; ``boost:pause-ms=0`` is ``boost``
-    with ``pause-ms="0"``."""
+    with ``pause-ms="0"``. A list, comma-separated in the annotation, is
+    written with ``+`` (``auto:allow=none+gang+partial``), since commas part
+    the modes."""
     name, *pairs = mode.split(":")
     if not all("=" in p for p in pairs):
         raise ValueError(f"mode {mode!r}: parameters are written name=value after a colon")
-    return ("none" if name in ("batch", "cfs") else name), dict(p.split("=", 1) for p in pairs)
+    return (("none" if name in ("batch", "cfs") else name),
+            {k: v.replace("+", ",") for k, v in (p.split("=", 1) for p in pairs)})
+
+
+def _param_text(value) -> str:
+    """A parameter as status shows it, written as in the annotation."""
+    return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
 
 
 def set_policy(name: str, preset: str, params: dict[str, str]) -> None:
@@ -257,7 +265,7 @@ def apply_mode(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, settle:
     def taken_up():
         doms = {d["name"]: d for d in (daemon.status() or {}).get("domains", [])}
         return all(g.name in doms and doms[g.name]["policy"] == preset and
-                   all(str(doms[g.name]["params"].get(k)) == v for k, v in params.items()) and
+                   all(_param_text(doms[g.name]["params"].get(k)) == v for k, v in params.items()) and
                    (preset in ("none", "auto") or doms[g.name].get("managed")) for g in gs)
     daemon.wait(taken_up, 10, f"guests under {mode}")
     time.sleep(settle + (AUTO_SETTLE if preset == "auto" else 0.0))

@@ -277,5 +277,6 @@ def test_a_mode_names_a_preset_and_may_set_its_parameters():
     assert mode_policy("cfs") == mode_policy("batch") == ("none", {})
     assert mode_policy("boost:pause-ms=0:boost-ms=1") == ("boost", {"pause-ms": "0", "boost-ms": "1"})
     assert _modes("gang,boost:pause-ms=0") == ["gang", "boost:pause-ms=0"]
+    assert mode_policy("auto:allow=none+gang") == ("auto", {"allow": "none,gang"})
     with pytest.raises(argparse.ArgumentTypeError, match="boost:pause-ms"):
         _modes("boost:pause-ms")
