@@ -25,8 +25,8 @@ time). That covers the spinning workloads (spin barriers, spin locks, LU,
 busy independent threads: the best or within a few percent of it, 3-40x the
 host scheduler on the synchronising ones) and also vCPUs that idle because
 they wait for each other: a pipe ping-pong idles each vCPU 28-41% of the
-time and ran 2.3x faster under ``gang`` than under ``relaxed`` with two
-guests on two CPUs, 9.8x with four (``benchmarks/latest``), since under
+time and ran 2.5x faster under ``gang`` than under ``relaxed`` with two
+guests on two CPUs, 17.3x with four (``benchmarks/latest``), since under
 ``relaxed`` every hand-off waits for a host CPU. A contended guest whose
 vCPUs mostly sleep (84-87% idle, measured on a guest that computes briefly
 between sleeps) or whose vCPUs idle unevenly (a parallel library leaving one vCPU with nothing to
