@@ -38,7 +38,9 @@ they span over the interval); and cosched's own hazard and skew figures for
 the interval. Per run: the daemon's switch latency, slot lateness and CPU
 time (daemon and switcher, percent of one CPU), and each vCPU thread's
 affinity, scheduling policy and cgroups at the start and at the end
-(``host_state``, read from /proc by this module alone).
+(``host_state``, read from /proc by this module alone), each guest's mode
+at both ends (``modes``), and for guests under ``auto`` the signals its
+choice rested on at the end (``auto_signals``, from ``cosched explain``).
 
 A run is *valid* when every guest's measurement covers at least 90% of the
 interval: the two counter reads span it (they always do, unless the
@@ -274,19 +276,26 @@ def apply_mode(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, settle:
                   {c["boost_failed"] for c in engine["cells"] if c.get("boost_failed")})
 
 
-def daemon_now(daemon: DaemonProcess, gs: list[guests.Guest]) -> dict:
+def daemon_now(daemon: DaemonProcess, gs: list[guests.Guest], signals: bool = False) -> dict:
     """What the daemon says now, in one status read: each guest's ``modes``,
     the switcher's ``boosts`` so far (``made`` for these guests, and the long
     waits it held back, by why: :data:`~cosched.policy.watch.HELD`), and its
     ``observation`` source. The boost counts come with the switcher's stats,
-    once a second, so a difference of two is off by up to a second's worth."""
+    once a second, so a difference of two is off by up to a second's worth.
+    With ``signals``, also what ``auto`` measured of each guest under it
+    (``cosched explain``'s smoothed contention, idleness, spread and hazard
+    per second), the evidence its choice rests on."""
     status = daemon.status() or {}
     doms = {d["name"]: d for d in status.get("domains", [])}
     made = sum(v.get("boosts", 0) for g in gs for v in (doms.get(g.name) or {}).get("vcpus", []))
     held = status.get("daemon", {}).get("engine", {}).get("long_waits_held", {})
-    return {"modes": {g.name: (doms.get(g.name) or {}).get("mode") for g in gs},
-            "boosts": {"made": made, **{why: held.get(why, 0) for why in HELD}},
-            "observation": status.get("daemon", {}).get("observation")}
+    out = {"modes": {g.name: (doms.get(g.name) or {}).get("mode") for g in gs},
+           "boosts": {"made": made, **{why: held.get(why, 0) for why in HELD}},
+           "observation": status.get("daemon", {}).get("observation")}
+    if signals:
+        out["signals"] = {g.name: (daemon.explain(g.name) or {}).get("signals") for g in gs
+                          if (doms.get(g.name) or {}).get("policy") == "auto"}
+    return out
 
 
 # -- one measurement -----------------------------------------------------------
@@ -318,7 +327,7 @@ def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: f
                 last = {g.name: len(g.results()) for g in gs}     # counted before t1: printed inside
             live1 = live_counters(gs) if live0 else {}
             s1, c1, t1, p1 = scrape(daemon), cpu_seconds(daemon.proc.pid), time.monotonic(), proc_states(pids)
-            state1, said1 = host_state(pids), daemon_now(daemon, gs)
+            state1, said1 = host_state(pids), daemon_now(daemon, gs, signals=True)
             if tracer:        # the trace is read and turned into figures with the CPUs free
                 held.enter_context(guests.paused(gs))
         span = sum(turns.values()) if turns else t1 - t0
@@ -354,6 +363,7 @@ def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: f
         "trace_overruns": tracer.overruns if tracer else None,
         "host_state": {"start": state0, "end": state1},
         "modes": {"start": said0["modes"], "end": said1["modes"]},
+        "auto_signals": said1["signals"],
         "boosts": {k: said1["boosts"][k] - said0["boosts"][k] for k in said0["boosts"]},
         "observation": said1["observation"],
     }

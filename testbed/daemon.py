@@ -59,6 +59,14 @@ class DaemonProcess:
         except (OSError, ValueError):
             return None
 
+    def explain(self, name: str) -> dict | None:
+        """``cosched explain NAME`` as the daemon answers it (None: no answer)."""
+        from cosched.control import request
+        try:
+            return request(f"{self.state_dir}/cosched.sock", f"explain {name}", timeout=10)
+        except (OSError, ValueError):
+            return None
+
     def domain(self, name: str) -> dict | None:
         s = self.status() or {"domains": []}
         return next((d for d in s["domains"] if d["name"] == name), None)
