@@ -173,7 +173,7 @@ def render_explain(e: dict) -> str:
     sig = e.get("signals") or {}
     if sig.get("contention") is not None:
         lines.append(f"  evidence (smoothed): contention {sig['contention']:.2f} (waiting or co-stopped share of "
-                     f"wanted vCPU time), idleness {sig['idleness']:.2f} (idle share of vCPU time not co-stopped), "
+                     f"wanted vCPU time), idleness {sig['idleness']:.2f} (idle share of vCPU time neither waiting nor co-stopped), "
                      f"spread {sig.get('spread') or 0.0:.2f} (most idle vCPU's idleness less the busiest's), "
                      f"hazard {sig['hazard_per_second']:.2f} s/s")
     w = e.get("last_window")

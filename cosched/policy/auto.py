@@ -11,9 +11,16 @@ each smoothed over about :data:`TAU_S` seconds, decide:
     cosched held them back. It does not depend on the mode in force: gang
     turns waiting into co-stop, it does not make the demand go away.
 ``idleness``
-    ``idle / (vCPU time not co-stopped)``: how much its vCPUs block or halt
-    when they could run. A co-stopped vCPU is not idle, so this does not
-    depend on the mode either.
+    ``idle / (idle + run)``: of the time its vCPUs were neither waiting for
+    a CPU nor co-stopped, the share they blocked or halted. Waiting and
+    co-stops only delay a guest's work, so this does not depend on the mode
+    either. (Counted over all vCPU time instead, a guest that sleeps between
+    short computations idled 64-66% of its time under the host scheduler and
+    44-51% under ``boost``, which made it wait more, and with four such
+    guests on two CPUs ``auto`` moved them between ``boost`` and ``gang``
+    17 times in 90 s, where this way it chose ``boost`` once,
+    ``benchmarks/evidence/auto-idleness/``; this way they idle 79-81% of
+    it in every mode, in the kernel traces of ``benchmarks/latest``.)
 ``spread``
     the idleness of its most idle vCPU less that of its busiest: near 1 when
     some vCPUs work while others have nothing to do, near 0 when they idle
@@ -21,19 +28,27 @@ each smoothed over about :data:`TAU_S` seconds, decide:
 
 A contended guest that idles little or evenly gets ``gang`` or ``partial``
 (``partial`` where the pool has room for more than one such guest at a
-time). That covers the spinning workloads (spin barriers, spin locks, LU,
-busy independent threads: the best or within a few percent of it, 3-40x the
-host scheduler on the synchronising ones) and also vCPUs that idle because
-they wait for each other: a pipe ping-pong idles each vCPU 28-41% of the
-time and ran 2.5x faster under ``gang`` than under ``relaxed`` with two
-guests on two CPUs, 17.3x with four (``benchmarks/latest``), since under
-``relaxed`` every hand-off waits for a host CPU. A contended guest whose
-vCPUs mostly sleep (84-87% idle, measured on a guest that computes briefly
-between sleeps) or whose vCPUs idle unevenly (a parallel library leaving one vCPU with nothing to
-do) gets ``boost``: ``gang`` would hold a CPU for each idle vCPU (it lost
-half to three quarters on the sleeping guest), and ``auto`` in ``boost``
-gave 0.98-1.09x the best static mode on two and four sleeping guests,
-where ``relaxed``, which co-stops the vCPU that ran ahead while a sibling
+time). That covers the synchronising spinning workloads (spin barriers,
+LU: 6-23x the host scheduler in ``benchmarks/latest``), and also the
+CPU-bound ones that do not synchronise (spin locks with short critical
+sections, busy independent threads), where the host scheduler can be
+better (``spinlock`` at four guests: ``gang`` 0.76x): their vCPUs wait for
+CPUs as a barrier's do, and nothing measured from outside tells spinning
+for a sibling from competing for a CPU. It covers vCPUs that idle because
+they wait for each other too: a pipe ping-pong idles each vCPU about a
+quarter of its active time (26% alone and under ``gang``, 8-27% under the
+host scheduler, in the kernel traces) and ran 2.5x faster under ``gang``
+than under ``relaxed`` with two guests on two CPUs, 17.3x with four, since
+under ``relaxed`` every hand-off waits for a host CPU. A contended guest
+whose vCPUs mostly sleep (79-81% idle in every mode, measured on a guest
+that computes briefly between sleeps) or whose vCPUs idle unevenly (a
+parallel library leaving one vCPU with nothing to do) gets ``boost``:
+``gang`` would hold a CPU for each idle vCPU (it lost half to three
+quarters on the sleeping guest). ``boost`` gave two sleeping guests
+0.97-0.99x the host scheduler and four 0.75-0.89x, its poll's cost
+(``benchmarks/latest``), while next to three co-scheduled spinning guests
+a sleeper got 0.97 of itself alone under it
+(``benchmarks/evidence/auto-sleepers/``); ``relaxed``, which co-stops the vCPU that ran ahead while a sibling
 waits for a CPU, gave as little as 0.52x the host scheduler and ``auto``
 choosing it 0.31-0.51x the best at four (benchmarks/evidence/boost-paced/).
 ``relaxed`` scores just below ``boost``: it is what ``auto`` picks when
@@ -107,8 +122,8 @@ class Evidence:
 
     @property
     def idleness(self) -> float:
-        free = self.seconds * self.vcpus - self.costop
-        return min(self.idle / free, 1.0) if free > 0 else 0.0
+        active = self.idle + self.run
+        return self.idle / active if active > 0 else 0.0
 
 
 RELAXED_OF_BOOST = 0.8
