@@ -86,24 +86,36 @@ def test_sleepers_that_wait_more_under_boost_keep_their_mode():
     counted over all their time: 64-66% under the host scheduler, 44-51%
     under boost, where gang then scored best, 65-73% under gang, where
     boost did. Each window's evidence here is a sleeper's in the mode of
-    the moment (69%, 45% and 76% of all its time idle)."""
-    ch = Chooser()
-    modes = []
-    for t in range(120):
-        mode, _ = ch.decide("g", float(t), sleepers_in(ch.guests["g"].mode if "g" in ch.guests else "none"), ALL, 5)
-        modes.append(mode)
-    assert modes[-1] == "boost" and changes(modes) == 1, modes
+    the moment (69%, 45% and 76% of all its time idle); ``allow`` rules
+    out ``none``, the sleeper's choice otherwise."""
+    for allow, want in ((("boost", "gang"), "boost"), (ALL, "none")):
+        ch = Chooser()
+        modes = []
+        for t in range(120):
+            mode, _ = ch.decide("g", float(t), sleepers_in(ch.guests["g"].mode if "g" in ch.guests else "none"),
+                                allow, 5)
+            modes.append(mode)
+        assert set(modes) == {want}, (allow, modes)
+
+
+@pytest.mark.parametrize("spread", [0.0, 0.4, 1.0])
+def test_boost_wins_only_where_allow_rules_out_none_and_coscheduling(spread):
+    for contention in (0.0, 0.05, 0.1, 0.15, 0.5, 1.0):
+        for idleness in (0.0, 0.3, 0.5, 0.575, 0.6, 0.8, 1.0):
+            sc = scores(contention, idleness, "gang", spread)
+            assert max(sc["none"], sc["gang"]) >= 0.5 > sc["boost"] > sc["relaxed"] or contention == 0, sc
+            assert sc["boost"] >= sc["relaxed"]
 
 
 @pytest.mark.parametrize("stream,mode", [
     (lambda t: barrier(), "gang"),
-    (lambda t: blocking(), "boost"),
+    (lambda t: blocking(), "none"),                              # contended, but it mostly sleeps
     (lambda t: Evidence(1.0, 2, run=1.5, wait=0.4), "gang"),      # idles 5%
     (lambda t: Evidence(1.0, 2, run=0.8, wait=0.4), "gang"),      # idles 40%, evenly
-    (lambda t: Evidence(1.0, 2, run=0.2, wait=0.2), "boost"),     # idles 80%
+    (lambda t: Evidence(1.0, 2, run=0.2, wait=0.2), "none"),      # idles 80%
     (lambda t: pingpong(), "gang"),
     (lambda t: pingpong(held=float(t > 10)), "gang"),             # the same guest, once in gang
-    (lambda t: lopsided(), "boost"),
+    (lambda t: lopsided(), "none"),
     (lambda t: quiet(), "none"),
 ])
 def test_steady_guests_get_their_mode_and_keep_it(stream, mode):
@@ -139,7 +151,7 @@ def test_a_phase_change_is_followed_within_five_seconds():
         return barrier() if (t // 20) % 2 == 0 else blocking()
     _, modes = run(phases, 200)
     for start in range(20, 200, 20):
-        want = "gang" if (start // 20) % 2 == 0 else "boost"
+        want = "gang" if (start // 20) % 2 == 0 else "none"
         took = next(i for i, m in enumerate(modes[start:], 0) if m == want)
         assert took <= 5, f"phase at {start} s: {want} after {took} s"
 
@@ -148,10 +160,12 @@ def test_dwell_time_and_allow_bound_the_choice():
     _, modes = run(lambda t: barrier() if t < 10 else blocking(), 40, dwell=20)
     first = modes.index("gang")
     assert first <= 3                                     # the first choice need not dwell
-    assert modes.index("boost") == first + 20             # the next waits dwell-s
+    assert modes.index("none", first) == first + 20       # the next waits dwell-s
     _, modes = run(lambda t: barrier(), 30, allow=("none", "boost", "relaxed"))
     assert "gang" not in modes and modes[-1] == "boost"   # the best allowed
-    _, modes = run(lambda t: blocking(), 30, allow=("none", "relaxed", "gang"))
+    _, modes = run(lambda t: blocking(), 30, allow=("boost", "relaxed", "gang"))
+    assert modes[-1] == "boost"                           # a sleeper: boost where none may not
+    _, modes = run(lambda t: blocking(), 30, allow=("relaxed", "gang"))
     assert modes[-1] == "relaxed"                         # relaxed where boost may not
     ch, _ = run(lambda t: barrier(), 30)
     mode, why = ch.decide("g", 31.0, barrier(), ("boost",), 5)
@@ -207,7 +221,7 @@ def two_vcpus_under_auto(vcpu_views, seconds=12) -> dict:
 def test_auto_measures_each_vcpu_so_a_lopsided_guest_is_not_ganged():
     # vCPU 0 busy and waiting half the time, vCPU 1 idle
     explained = two_vcpus_under_auto(lambda t: (VcpuView(0, 10, 0.5 * t, 0.5 * t), VcpuView(1, 11, 0.0, 0.0)))
-    assert explained["mode"] == "boost" and explained["last_window"]["spread"] == pytest.approx(1.0)
+    assert explained["mode"] == "none" and explained["last_window"]["spread"] == pytest.approx(1.0)
     assert explained["signals"]["idleness"] == pytest.approx(2 / 3)       # idle 1 s of 1.5 s active
 
 
@@ -221,5 +235,5 @@ def test_explain_prints_every_signal_and_the_scores():
     from cosched.cli import render_explain
     ch, _ = run(lambda t: lopsided(), 12)
     text = render_explain({"domain": "g", "allow": list(ALL), **ch.explain("g")})
-    assert "mode boost" in text and "spread 1.00" in text and "idleness 0.67" in text
-    assert "boost 1.00 *" in text and "relaxed 0.80" in text and "gang 0.00" in text
+    assert "mode none" in text and "spread 1.00" in text and "idleness 0.67" in text
+    assert "none 1.00 *" in text and "boost 0.45" in text and "relaxed 0.36" in text and "gang 0.00" in text

@@ -39,33 +39,38 @@ they wait for each other too: a pipe ping-pong idles each vCPU about a
 quarter of its active time (26% alone and under ``gang``, 8-27% under the
 host scheduler, in the kernel traces) and ran 2.5x faster under ``gang``
 than under ``relaxed`` with two guests on two CPUs, 17.3x with four, since
-under ``relaxed`` every hand-off waits for a host CPU. A contended guest
-whose vCPUs mostly sleep (79-81% idle in every mode, measured on a guest
-that computes briefly between sleeps) or whose vCPUs idle unevenly (a
-parallel library leaving one vCPU with nothing to do) gets ``boost``:
-``gang`` would hold a CPU for each idle vCPU (it lost half to three
-quarters on the sleeping guest). ``boost`` gave two sleeping guests
-0.97-0.99x the host scheduler and four 0.75-0.89x, its poll's cost
-(``benchmarks/latest``), while next to three co-scheduled spinning guests
-a sleeper got 0.97 of itself alone under it
-(``benchmarks/evidence/auto-sleepers/``); ``relaxed``, which co-stops the vCPU that ran ahead while a sibling
-waits for a CPU, gave as little as 0.52x the host scheduler and ``auto``
-choosing it 0.31-0.51x the best at four (benchmarks/evidence/boost-paced/).
-``relaxed`` scores just below ``boost``: it is what ``auto`` picks when
-``allow`` rules ``boost`` out. An uncontended guest needs nothing:
-``none``. Scores in 0..1, with ``c = min(contention / CONTENDED, 1)`` and
-``idle`` the larger of ``ramp(idleness, 0.45, 0.70)`` and ``ramp(spread,
-0.30, 0.60)`` (ramp: 0 up to its first bound, 1 from its second)::
+under ``relaxed`` every hand-off waits for a host CPU.
 
-    none     1 - c
+A contended guest whose vCPUs mostly sleep (79-81% idle in every mode,
+measured on a guest that computes briefly between sleeps) or whose vCPUs
+idle unevenly (a parallel library leaving one vCPU with nothing to do)
+gets ``none``: the host scheduler serves it best. ``gang`` would hold a
+CPU for each idle vCPU (it lost half to three quarters on the sleeping
+guest), and ``boost`` gains it nothing its poll does not cost: two
+sleeping guests got 0.97-0.99x the host scheduler under ``boost`` and four
+0.75-0.89x (``benchmarks/latest``); under ``auto`` choosing ``boost`` four
+got 0.79-0.85x, choosing ``none`` 0.99-1.01x, and next to co-scheduled
+spinning guests a sleeper got 0.97 of itself alone under ``boost`` and
+0.96 under ``none`` (``benchmarks/evidence/auto-sleepers/``). ``relaxed``,
+which co-stops the vCPU that ran ahead while a sibling waits for a CPU,
+gave as little as 0.52x the host scheduler (benchmarks/evidence/boost-paced/).
+An uncontended guest needs nothing either: ``none``. ``boost`` and
+``relaxed`` are what ``auto`` picks where ``allow`` rules out both ``none``
+and co-scheduling, ``boost`` first: on busy guests it did more (barrier
+guests: 7-20% of the ideal against the host scheduler's 1-3%, ``relaxed``
+0.15x ``gang``). Scores in 0..1, with ``c = min(contention / CONTENDED,
+1)`` and ``idle`` the larger of ``ramp(idleness, 0.45, 0.70)`` and
+``ramp(spread, 0.30, 0.60)`` (ramp: 0 up to its first bound, 1 from its
+second)::
+
+    none     1 - c x (1 - idle)
     gang     c x (1 - idle)       partial the same (see above)
-    boost    c x (0.5 + 0.5 idle)
+    boost    0.45 x c
     relaxed  0.8 x boost
 
-so gang wins below ``idle`` = 1/3 (idleness under about 53%, spread under
-0.4) and boost above; where ``allow`` rules out gang and partial, a busy
-guest still gets boost (barrier guests: 7-20% of the ideal against the
-host scheduler's 1-3%).
+so gang wins below ``idle`` = 1/2 (idleness under about 58%, spread under
+0.45) and none above; boost and relaxed win only where ``allow`` rules out
+both, since one of none and gang always scores at least 0.5.
 
 Hysteresis: a guest leaves its mode only for one that scores at least
 :data:`MARGIN` higher, on the smoothed signals and on the latest window
@@ -126,6 +131,7 @@ class Evidence:
         return self.idle / active if active > 0 else 0.0
 
 
+BOOST = 0.45            # under the 0.5 that none or gang always reach
 RELAXED_OF_BOOST = 0.8
 
 
@@ -138,8 +144,7 @@ def scores(contention: float, idleness: float, coschedule: str = "gang", spread:
     the strict mode that fits the host (gang or partial), the other gets 0.9 of it."""
     c = min(contention / CONTENDED, 1.0)
     idle = max(_ramp(idleness, *IDLENESS), _ramp(spread, *SPREAD))
-    loose = 0.5 + 0.5 * idle
-    out = {"none": 1.0 - c, "boost": c * loose, "relaxed": c * loose * RELAXED_OF_BOOST,
+    out = {"none": 1.0 - c * (1.0 - idle), "boost": BOOST * c, "relaxed": BOOST * c * RELAXED_OF_BOOST,
            "gang": c * (1.0 - idle), "partial": c * (1.0 - idle)}
     out["partial" if coschedule == "gang" else "gang"] *= 0.9
     return out
