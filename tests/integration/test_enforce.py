@@ -376,7 +376,8 @@ def sleepers(trio, guest_image):
 
 def test_auto_coschedules_barrier_guests_and_not_sleepers(trio, sleepers, tmp_path):
     """auto: the barrier guests end up in gang (turns: frozen most of the time),
-    the sleepers in a mode without turns, never with both vCPUs frozen."""
+    the sleepers in a mode without turns, never with both vCPUs frozen, and
+    no guest changes its mode more than once."""
     gs, _ = trio
     annotate_all(gs, '<policy name="auto"/>')
     for g in sleepers:
@@ -403,6 +404,9 @@ def test_auto_coschedules_barrier_guests_and_not_sleepers(trio, sleepers, tmp_pa
         assert seen[g.name]["all_frozen"] == 0, f"{g.name} had every vCPU frozen: {seen[g.name]}"
     assert explain.returncode == 0 and "scores:" in explain.stdout and modes[gs[0].name] in explain.stdout
     assert f"domain={gs[0].name} action=mode old=none new={modes[gs[0].name]}" in log
+    for g in gs + sleepers:                  # steady guests: one choice, kept (a sleeper once flapped)
+        changed = [line for line in log.splitlines() if f"domain={g.name} action=mode " in line]
+        assert len(changed) == (modes[g.name] != "none"), f"{g.name} changed mode:\n" + "\n".join(changed)
 
 
 def test_guest_destroyed_mid_slot_is_harmless(trio, tmp_path):
