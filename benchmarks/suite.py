@@ -86,7 +86,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import ExitStack, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
 
 import psutil
@@ -556,6 +556,28 @@ def boot_set(workloads: list[str], vcpus: int, img, gs: list[guests.Guest] | Non
         with guests.paused(gs):
             gs.append(boot(f"{PREFIX}{len(gs)}", wl, vcpus, img))
     return gs
+
+
+@contextmanager
+def under_mode(workloads: list[str], mode: str, vcpus: int = 2):
+    """For a one-off measurement: one guest per workload, booted as
+    :func:`boot_set` does, and a daemon of its own with every guest under
+    ``mode`` (a preset). Yields ``(daemon, guests)``; the daemon is stopped
+    and the guests destroyed afterwards."""
+    gs = []
+    try:
+        boot_set(workloads, vcpus, image.build(), gs)
+        with tempfile.TemporaryDirectory() as tmp:
+            daemon = DaemonProcess(Path(tmp)).start()
+            try:
+                for g in gs:
+                    set_policy(g.name, mode, {})
+                yield daemon, gs
+            finally:
+                daemon.stop()
+    finally:
+        for g in gs:
+            g.destroy()
 
 
 def in_turn(modes: list[str], rep: int) -> list[str]:
