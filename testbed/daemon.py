@@ -51,21 +51,21 @@ class DaemonProcess:
         raise TimeoutError(f"daemon did not answer within {timeout:g}s (killed, with its switcher):\n"
                            f"{self.log.read_text()}")
 
-    def status(self) -> dict | None:
+    def ask(self, what: str = "status") -> dict | None:
+        """One control-socket request (None: no answer)."""
         from cosched.control import request
         try:
             # a daemon starved by busy guests on a 2-CPU host may answer late; late is an answer
-            return request(f"{self.state_dir}/cosched.sock", timeout=10)
+            return request(f"{self.state_dir}/cosched.sock", what, timeout=10)
         except (OSError, ValueError):
             return None
 
+    def status(self) -> dict | None:
+        return self.ask()
+
     def explain(self, name: str) -> dict | None:
-        """``cosched explain NAME`` as the daemon answers it (None: no answer)."""
-        from cosched.control import request
-        try:
-            return request(f"{self.state_dir}/cosched.sock", f"explain {name}", timeout=10)
-        except (OSError, ValueError):
-            return None
+        """``cosched explain NAME`` as the daemon answers it."""
+        return self.ask(f"explain {name}")
 
     def domain(self, name: str) -> dict | None:
         s = self.status() or {"domains": []}

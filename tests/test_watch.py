@@ -208,7 +208,7 @@ def test_bcs_looks_at_a_guest_whose_vcpus_mostly_sleep_every_fourth_poll_at_most
     looked at every fourth poll, where a busy guest is looked at every poll."""
     a, b = Thread(cpu=0), Thread(cpu=1)
     bcs = Bcs(2, boost_ns=2 * MS, pause_ns=2 * MS)
-    for t in range(CALM_LOOKS * 4):                    # one vCPU runs a quarter of the looks, else both sleep
+    for t in range(CALM_LOOKS * 4):                    # both run at a quarter of the looks, else both sleep
         if t % 4 == 0 or not sleeps:
             a.runs(MS)
             b.runs(MS)
