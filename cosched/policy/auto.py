@@ -20,7 +20,8 @@ each smoothed over about :data:`TAU_S` seconds, decide:
     guests on two CPUs ``auto`` moved them between ``boost`` and ``gang``
     17 times in 90 s, where this way it chose ``boost`` once,
     ``benchmarks/evidence/auto-idleness/``; this way they idle 79-81% of
-    it in every mode, in the kernel traces of ``benchmarks/latest``.)
+    it in every mode, in the kernel traces of
+    ``benchmarks/evidence/full-run-6c4d807``.)
 ``spread``
     the idleness of its most idle vCPU less that of its busiest: near 1 when
     some vCPUs work while others have nothing to do, near 0 when they idle
@@ -29,8 +30,8 @@ each smoothed over about :data:`TAU_S` seconds, decide:
 A contended guest that idles little or evenly gets ``gang`` or ``partial``
 (``partial`` where the pool has room for more than one such guest at a
 time). That covers the synchronising spinning workloads (spin barriers,
-LU: 6-23x the host scheduler in ``benchmarks/latest``), and also the
-CPU-bound ones that do not synchronise (spin locks with short critical
+LU: 6-23x the host scheduler in ``benchmarks/evidence/full-run-6c4d807``),
+and also the CPU-bound ones that do not synchronise (spin locks with short critical
 sections, busy independent threads), where the host scheduler can be
 better (``spinlock`` at four guests: ``gang`` 0.76x): their vCPUs wait for
 CPUs as a barrier's do, and nothing measured from outside tells spinning
@@ -48,8 +49,8 @@ gets ``none``: the host scheduler serves it best. ``gang`` would hold a
 CPU for each idle vCPU (it lost half to three quarters on the sleeping
 guest), and ``boost`` gains it nothing its poll does not cost: two
 sleeping guests got 0.97-0.99x the host scheduler under ``boost`` and four
-0.75-0.89x (``benchmarks/latest``); under ``auto`` choosing ``boost`` four
-got 0.79-0.85x, choosing ``none`` 0.99-1.01x, and next to co-scheduled
+0.75-0.89x (``benchmarks/evidence/full-run-6c4d807``); under ``auto``
+choosing ``boost`` four got 0.79-0.85x, choosing ``none`` 0.99-1.01x, and next to co-scheduled
 spinning guests a sleeper got 0.97 of itself alone under ``boost`` and
 0.96 under ``none`` (``benchmarks/evidence/auto-sleepers/``). ``relaxed``,
 which co-stops the vCPU that ran ahead while a sibling waits for a CPU,
