@@ -343,8 +343,9 @@ def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: f
             n_skew = d1.get("count", 0) - d0.get("count", 0)
             w["hazard"] = (d1.get("hazard", 0) - d0.get("hazard", 0)) / observed if observed > 0 else None
             w["skew_mean_ms"] = 1000 * (d1.get("sum", 0) - d0.get("sum", 0)) / n_skew if n_skew > 0 else None
-            if tracer:       # skew over windows as long as cosched's were (its period stretches on a busy host)
-                width = observed / n_skew if observed > 0 and n_skew > 0 else SKEW_WINDOW
+            width = observed / n_skew if observed > 0 and n_skew > 0 else SKEW_WINDOW
+            w["window_ms"] = 1000 * width        # cosched's mean sampling period (it stretches on a busy host)
+            if tracer:       # skew over windows as long as cosched's were
                 w["trace"] = truth_figures(tracer.events, tids[g.name], t0, t1, silent_states(p0, p1, t1 - t0), width,
                                            tracer.calls)
             per_guest[g.name] = w

@@ -6,13 +6,19 @@ and then under ``gang``. Over the same interval the kernel's
 ``sched_switch``/``sched_wakeup`` events of their vCPU threads are recorded
 (:mod:`benchmarks.trace`), each thread's timeline rebuilt, and the exact
 hazard fraction and mean window skew computed, over windows as long as
-cosched's sampling periods were (10 ms, or longer where the daemon
-stretched its period to keep within its CPU budget)
-(:mod:`benchmarks.stats`); cosched's figures come from its ``/metrics``, as
-an operator's Prometheus sees them. Per guest, hazard must agree within 5
-points and mean skew within 1 ms (over three runs of this test on the 2-CPU
-development host: hazard within 1.8 points, skew within 0.35 ms but once
-0.95 ms, on freshly booted guests).
+cosched's sampling periods were (:mod:`benchmarks.stats`); cosched's figures
+come from its ``/metrics``, as an operator's Prometheus sees them. Per guest,
+hazard must agree within 5 points and mean skew within 1 ms (over three runs
+of this test on the 2-CPU development host: hazard within 1.8 points, skew
+within 0.35 ms but once 0.95 ms, on freshly booted guests).
+
+The daemon here may spend a quarter of a CPU on sampling, so its period stays
+at the 10 ms interval. With the default 2% and six busy vCPUs on two CPUs the
+period stretches to 45-84 ms and varies within a run
+(``benchmarks/evidence/relaxed-skew-4-guests/``); the trace's windows, all as
+long as the mean period, then differ from cosched's, and window skews reach
+30 ms, so 1 ms is no longer a measure of the estimate (it once failed by 0.13
+ms there). The test checks the period it judges at.
 """
 from __future__ import annotations
 
@@ -20,10 +26,19 @@ import pytest
 
 from benchmarks import suite
 from testbed import guests
+from testbed.daemon import DaemonProcess
 
 from .conftest import PREFIX
 
 SECONDS = 8.0
+PERIOD_MS = 10.0        # sample_interval_ms's default, held by the budget below
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory, libvirtd):
+    d = DaemonProcess(tmp_path_factory.mktemp("daemon"), extra_config="sample_budget_pct = 25\n").start()
+    yield d
+    assert d.stop() == 0, d.log.read_text()
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +65,8 @@ def test_hazard_and_skew_agree_with_the_kernel_trace(mode, barrier_trio, daemon)
     for name, w in r["per_guest"].items():
         t = w["trace"]
         rows.append(f"{name}: hazard cosched {w['hazard']:.3f} trace {t['hazard']:.3f}; "
-                    f"skew cosched {w['skew_mean_ms']:.2f} ms trace {t['skew_mean_ms']:.2f} ms; "
+                    f"skew cosched {w['skew_mean_ms']:.2f} ms trace {t['skew_mean_ms']:.2f} ms "
+                    f"over {w['window_ms']:.1f} ms windows; "
                     f"{t['events']} events")
     report = f"{mode}:\n" + "\n".join(rows)
     print("\n" + report)
@@ -58,6 +74,7 @@ def test_hazard_and_skew_agree_with_the_kernel_trace(mode, barrier_trio, daemon)
         t = w["trace"]
         assert t["events"] >= 20, f"{name}: too few trace events to judge\n{report}"
         assert w["hazard"] is not None and w["skew_mean_ms"] is not None, report
+        assert w["window_ms"] <= 1.2 * PERIOD_MS, f"{name}: the sampling period stretched\n{report}"
         assert abs(w["hazard"] - t["hazard"]) <= 0.05, f"{name}: hazard off by more than 5 points\n{report}"
         assert abs(w["skew_mean_ms"] - t["skew_mean_ms"]) <= 1.0, f"{name}: skew off by more than 1 ms\n{report}"
     if mode == "gang":
