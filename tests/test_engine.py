@@ -280,6 +280,35 @@ def test_a_silent_switcher_is_killed_and_what_it_froze_is_thawed(fake, fs, tmp_p
         assert engine.release() == []
 
 
+def test_what_a_killed_switcher_froze_is_thawed_before_it_has_exited(fake, fs, tmp_path):
+    """A switcher the watchdog killed runs no more of its code, but on a loaded
+    host its exit, and so the end of its output, can come long after (once 0.6
+    s, past ``max_stall_ms``): the engine thaws what it froze at the kill, not
+    at the exit, and asks for a new one."""
+    import threading
+    from cosched.engine import stall_limit
+    asked, killed, exited = threading.Event(), threading.Event(), threading.Event()
+    journal = Journal(str(tmp_path / "run/journal"))
+    knob = FakeSched().knob(fs)
+    engine = Engine(fs, journal, FakePinner(), sched=knob, switcher_factory=ThreadSwitcher.factory(fs, knob),
+                    resync=asked.set, max_stall_ms=400)
+    try:
+        engine.reconcile(snapshot(fake, fs, 2))
+        first = engine._proc
+        first.switcher.release_all = lambda: None
+        first.switcher.tick = lambda: exited.wait()       # stuck, and once killed, not yet gone
+        first.kill = killed.set                           # the signal is sent; the exit has not come
+        time.sleep(0.1)
+        assert sum(freeze_file(fake, i, v).read_text() == "1" for i in range(2) for v in range(2)) == 2
+        assert asked.wait(stall_limit(400) + 5), "no new switcher was asked for"
+        assert killed.is_set() and first.poll() is None, "the test's switcher exited: nothing tested"
+        assert all(freeze_file(fake, i, v).read_text() == "0" for i in range(2) for v in range(2))
+        assert engine.stats().forced_thaws == 2
+    finally:
+        exited.set()                                      # the stop at release ends it
+        assert engine.release() == []
+
+
 def test_a_switcher_given_work_after_a_quiet_spell_is_not_taken_for_stalled(fake, fs, tmp_path):
     """An idle switcher reports once a second; the plan that gives it cells
     restarts the watchdog's clock, so its first slot is not a stall."""

@@ -371,7 +371,7 @@ class Engine:
 
     def _send(self, p: Plan, timeout: float = 3.0) -> bool:
         """Hand the plan to the switcher; True once it confirms the plan is in force."""
-        if self._proc is None or self._proc.poll() is not None:
+        if self._proc is None or self._proc.poll() is not None or getattr(self._proc, "stalled", False):
             if not self._start_switcher():
                 return False
             self._sent = None
@@ -432,12 +432,20 @@ class Engine:
         code = proc.wait()
         with self._acks:
             self._acks.notify_all()
+        self._gone(proc, code)
+
+    def _gone(self, proc, code) -> None:
+        """Undo what a switcher that died, or that the watchdog killed, left
+        behind (once, whichever sees it first), and have it restarted."""
         if getattr(proc, "stopping", False):
             return
         lived = time.monotonic() - getattr(proc, "started_at", 0.0)
         # one that dies at once is not restarted in a loop; one the watchdog killed did not die
         now = lived >= 1.0 or getattr(proc, "stalled", False)
         with self.op_lock:
+            if getattr(proc, "undone", False):
+                return
+            proc.undone = True
             if self._proc is not proc:
                 # a reconcile already started the next one and gave it the plan (and the journal's
                 # originals): undoing now would thaw what it froze and drop the originals it needs
@@ -490,6 +498,9 @@ class Engine:
                 self._stats.errors.append(f"switcher silent for {1000 * silent:.0f} ms: killed and restarted")
             proc.stalled = True
             proc.kill()
+            # killed, it runs no more of its code, but its exit (and the end of its output, which the
+            # reader waits for) can come much later on a loaded host: once 0.6 s later, past max_stall_ms
+            self._gone(proc, "SIGKILL")
             return
 
     def _account(self, msg: pr.Stats) -> None:
