@@ -2,6 +2,8 @@
 and a fake scheduling knob: nothing here reaches a real host thread."""
 import time
 
+import pytest
+
 from fakehost import FakeSched, ThreadSwitcher
 
 from cosched.actuators.journal import Journal
@@ -249,42 +251,15 @@ def test_a_new_switcher_slow_to_start_is_not_taken_for_stalled(fake, fs, tmp_pat
         assert engine.release() == []
 
 
-def test_a_silent_switcher_is_killed_and_what_it_froze_is_thawed(fake, fs, tmp_path):
+@pytest.mark.parametrize("exits", [True, False], ids=["exits-at-kill", "exits-later"])
+def test_a_silent_switcher_is_killed_and_what_it_froze_is_thawed(fake, fs, tmp_path, exits):
     """A switcher that stops answering (stopped, starved, stuck in the kernel)
     with guests frozen: the engine's watchdog kills it, the vCPUs it left
     frozen are thawed and counted as forced thaws, and a new one is asked for
-    at once, however short its life was."""
-    import threading
-    from cosched.engine import stall_limit
-    asked, released = threading.Event(), threading.Event()
-    journal = Journal(str(tmp_path / "run/journal"))
-    knob = FakeSched().knob(fs)
-    engine = Engine(fs, journal, FakePinner(), sched=knob, switcher_factory=ThreadSwitcher.factory(fs, knob),
-                    resync=asked.set, max_stall_ms=400)
-    try:
-        engine.reconcile(snapshot(fake, fs, 2))
-        first = engine._proc                              # killed within its first second: replaced all the same
-        first.switcher.release_all = lambda: None         # killed: it cleans nothing up itself
-        first.switcher.tick = lambda: released.wait()     # stuck: no slot changes, no reports
-        kill = first.kill
-        first.kill = lambda: (released.set(), kill())
-        time.sleep(0.1)                                   # a slot change under way when it stuck completes
-        frozen = [(i, v) for i in range(2) for v in range(2) if freeze_file(fake, i, v).read_text() == "1"]
-        assert len(frozen) == 2, frozen                   # one guest's two vCPUs
-        assert asked.wait(stall_limit(400) + 5), "the stalled switcher was not replaced"
-        assert released.is_set(), "the stalled switcher was not killed"
-        assert all(freeze_file(fake, i, v).read_text() == "0" for i in range(2) for v in range(2))
-        stats = engine.stats()
-        assert stats.forced_thaws == 2 and any("silent" in e for e in stats.errors), stats
-    finally:
-        assert engine.release() == []
-
-
-def test_what_a_killed_switcher_froze_is_thawed_before_it_has_exited(fake, fs, tmp_path):
-    """A switcher the watchdog killed runs no more of its code, but on a loaded
-    host its exit, and so the end of its output, can come long after (once 0.6
-    s, past ``max_stall_ms``): the engine thaws what it froze at the kill, not
-    at the exit, and asks for a new one."""
+    at once, however short its life was. Killed, it runs no more of its code,
+    but on a loaded host its exit, and so the end of its output, can come
+    long after (once 0.6 s, past ``max_stall_ms``): the thaw does not wait
+    for it."""
     import threading
     from cosched.engine import stall_limit
     asked, killed, exited = threading.Event(), threading.Event(), threading.Event()
@@ -294,18 +269,22 @@ def test_what_a_killed_switcher_froze_is_thawed_before_it_has_exited(fake, fs, t
                     resync=asked.set, max_stall_ms=400)
     try:
         engine.reconcile(snapshot(fake, fs, 2))
-        first = engine._proc
-        first.switcher.release_all = lambda: None
-        first.switcher.tick = lambda: exited.wait()       # stuck, and once killed, not yet gone
-        first.kill = killed.set                           # the signal is sent; the exit has not come
-        time.sleep(0.1)
-        assert sum(freeze_file(fake, i, v).read_text() == "1" for i in range(2) for v in range(2)) == 2
-        assert asked.wait(stall_limit(400) + 5), "no new switcher was asked for"
-        assert killed.is_set() and first.poll() is None, "the test's switcher exited: nothing tested"
+        first = engine._proc                              # killed within its first second: replaced all the same
+        first.switcher.release_all = lambda: None         # killed: it cleans nothing up itself
+        first.switcher.tick = lambda: exited.wait()       # stuck: no slot changes, no reports
+        kill = first.kill
+        first.kill = (lambda: (killed.set(), exited.set(), kill())) if exits else killed.set
+        time.sleep(0.1)                                   # a slot change under way when it stuck completes
+        frozen = [(i, v) for i in range(2) for v in range(2) if freeze_file(fake, i, v).read_text() == "1"]
+        assert len(frozen) == 2, frozen                   # one guest's two vCPUs
+        assert asked.wait(stall_limit(400) + 5), "the stalled switcher was not replaced"
+        assert killed.is_set(), "the stalled switcher was not killed"
+        assert exits or first.poll() is None, "the test's switcher exited: nothing tested"
         assert all(freeze_file(fake, i, v).read_text() == "0" for i in range(2) for v in range(2))
-        assert engine.stats().forced_thaws == 2
+        stats = engine.stats()
+        assert stats.forced_thaws == 2 and any("silent" in e for e in stats.errors), stats
     finally:
-        exited.set()                                      # the stop at release ends it
+        exited.set()                                      # exits-later: the stop at release ends it
         assert engine.release() == []
 
 
