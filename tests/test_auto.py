@@ -27,9 +27,9 @@ def blocking(rng=None):
 def pingpong(held=0.0):
     """Two vCPUs handing a message back and forth: each idles while the other
     works or waits for a CPU (kernel traces of four guests on two CPUs,
-    ``benchmarks/evidence/full-run-6c4d807``: per vCPU under the host
-    scheduler run 24%, wait 67%, idle 9%; under gang run 18%, co-stopped 74%, idle 6%: a quarter
-    of its active time idle either way)."""
+    ``benchmarks/evidence/full-run-6c4d807``: per vCPU under the host scheduler
+    run 24%, wait 67%, idle 9%; under gang run 18%, co-stopped 74%, idle 6%: a
+    quarter of its active time idle either way)."""
     if held:
         return Evidence(1.0, 2, run=0.36, wait=0.04, costop=1.48)
     return Evidence(1.0, 2, run=0.49, wait=1.33)

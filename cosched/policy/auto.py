@@ -29,32 +29,33 @@ each smoothed over about :data:`TAU_S` seconds, decide:
 
 A contended guest that idles little or evenly gets ``gang`` or ``partial``
 (``partial`` where the pool has room for more than one such guest at a
-time). That covers the synchronising spinning workloads (spin barriers,
-LU: 6-23x the host scheduler in ``benchmarks/evidence/full-run-6c4d807``),
-and also the CPU-bound ones that do not synchronise (spin locks with short critical
-sections, busy independent threads), where the host scheduler can be
-better (``spinlock`` at four guests: ``gang`` 0.76x): their vCPUs wait for
-CPUs as a barrier's do, and nothing measured from outside tells spinning
-for a sibling from competing for a CPU. It covers vCPUs that idle because
-they wait for each other too: a pipe ping-pong idles each vCPU about a
-quarter of its active time (26% alone and under ``gang``, 8-27% under the
-host scheduler, in the kernel traces) and ran 2.5x faster under ``gang``
-than under ``relaxed`` with two guests on two CPUs, 17.3x with four, since
-under ``relaxed`` every hand-off waits for a host CPU.
+time). That covers the synchronising spinning workloads (spin barriers, LU:
+6-23x the host scheduler in ``benchmarks/evidence/full-run-6c4d807``), and
+also the CPU-bound ones that do not synchronise (spin locks with short
+critical sections, busy independent threads), where the host scheduler can
+be better (``spinlock`` at four guests: ``gang`` 0.76x): their vCPUs wait
+for CPUs as a barrier's do, and nothing measured from outside tells
+spinning for a sibling from competing for a CPU. It covers vCPUs that idle
+because they wait for each other too: a pipe ping-pong idles each vCPU
+about a quarter of its active time (26% alone and under ``gang``, 8-27%
+under the host scheduler, in the kernel traces) and ran 2.5x faster under
+``gang`` than under ``relaxed`` with two guests on two CPUs, 17.3x with
+four, since under ``relaxed`` every hand-off waits for a host CPU.
 
 A contended guest whose vCPUs mostly sleep (79-81% idle in every mode,
 measured on a guest that computes briefly between sleeps) or whose vCPUs
-idle unevenly (a parallel library leaving one vCPU with nothing to do)
-gets ``none``: the host scheduler serves it best. ``gang`` would hold a
-CPU for each idle vCPU (it lost half to three quarters on the sleeping
-guest), and ``boost`` gains it nothing its poll does not cost: two
-sleeping guests got 0.97-0.99x the host scheduler under ``boost`` and four
-0.75-0.89x (``benchmarks/evidence/full-run-6c4d807``); under ``auto``
-choosing ``boost`` four got 0.79-0.85x, choosing ``none`` 0.99-1.01x, and next to co-scheduled
-spinning guests a sleeper got 0.97 of itself alone under ``boost`` and
-0.96 under ``none`` (``benchmarks/evidence/auto-sleepers/``). ``relaxed``,
-which co-stops the vCPU that ran ahead while a sibling waits for a CPU,
-gave as little as 0.52x the host scheduler (benchmarks/evidence/boost-paced/).
+idle unevenly (a parallel library leaving one vCPU with nothing to do) gets
+``none``: the host scheduler serves it best. ``gang`` would hold a CPU for
+each idle vCPU (it lost half to three quarters on the sleeping guest), and
+``boost`` gains it nothing its poll does not cost: two sleeping guests got
+0.97-0.99x the host scheduler under ``boost`` and four 0.75-0.89x
+(``benchmarks/evidence/full-run-6c4d807``); under ``auto`` choosing
+``boost`` four got 0.79-0.85x, choosing ``none`` 0.99-1.01x, and next to
+co-scheduled spinning guests a sleeper got 0.97 of itself alone under
+``boost`` and 0.96 under ``none`` (``benchmarks/evidence/auto-sleepers/``).
+``relaxed``, which co-stops the vCPU that ran ahead while a sibling waits
+for a CPU, gave as little as 0.52x the host scheduler
+(benchmarks/evidence/boost-paced/).
 An uncontended guest needs nothing either: ``none``. ``boost`` and
 ``relaxed`` are what ``auto`` picks where ``allow`` rules out both ``none``
 and co-scheduling, ``boost`` first: on busy guests it did more (barrier

@@ -70,8 +70,10 @@ def guest_image():
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory, libvirtd):
-    d = DaemonProcess(tmp_path_factory.mktemp("daemon")).start()
+def daemon(request, tmp_path_factory, libvirtd):
+    """One daemon per test module; the module's ``DAEMON_CONFIG`` (if any) adds to its config."""
+    extra = getattr(request.module, "DAEMON_CONFIG", "")
+    d = DaemonProcess(tmp_path_factory.mktemp("daemon"), extra_config=extra).start()
     yield d
     assert d.stop() == 0, d.log.read_text()
 

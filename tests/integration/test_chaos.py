@@ -90,6 +90,11 @@ class Sampler(threading.Thread):
             self.samples.append((time.monotonic(), frozenset(frozen), frozenset(boosted)))
             time.sleep(SAMPLE)
 
+    @staticmethod
+    def deadline(up: float) -> float:
+        """By when what was frozen or boosted at a kill must be undone: ``max_stall_ms`` after ``up``."""
+        return up + MAX_STALL + SLACK
+
     def stop_after(self, t: float, timeout: float = 10.0) -> None:
         """Stop once a sample was taken after ``t`` (it can be held up)."""
         end = time.monotonic() + timeout
@@ -104,7 +109,7 @@ class Sampler(threading.Thread):
         test, which a loaded host can hold up for a second or more: a vCPU is
         judged by the last sample that saw it so, and the samples must
         reach past that deadline."""
-        deadline = up + MAX_STALL + SLACK
+        deadline = self.deadline(up)
         if not any(t > deadline for t, *_ in self.samples):
             return [f"no sample after the deadline ({deadline - up:.3f} s after the restart): nothing judged"]
         out = []
@@ -161,7 +166,7 @@ def test_sigkill_at_random_points_leaves_nothing_past_max_stall(busy, tmp_path):
                 killed = up = time.monotonic()
                 wall = time.time()
             time.sleep(MAX_STALL + 0.5)
-            sampler.stop_after(up + MAX_STALL + SLACK)
+            sampler.stop_after(sampler.deadline(up))
             kinds[kind] += 1
             assert any(s[1] or s[2] for s in sampler.samples if s[0] <= killed), \
                 f"round {n}: nothing was frozen or boosted when {kind} was killed: nothing tested"
@@ -205,7 +210,7 @@ def test_a_stopped_switcher_is_killed_and_nothing_outlives_max_stall(busy, tmp_p
         switcher[0].suspend()                                      # SIGSTOP
         stopped, wall = time.monotonic(), time.time()
         time.sleep(MAX_STALL + 0.5)
-        sampler.stop_after(stopped + MAX_STALL + SLACK)
+        sampler.stop_after(sampler.deadline(stopped))
         assert any(s[1] for s in sampler.samples if s[0] <= stopped), "nothing was frozen at the stop: nothing tested"
         problems = sampler.leftovers(stopped, stopped)
         record("switcher stopped (SIGSTOP) mid-rotation", cycles=1, faults=1, leaks=len(problems),

@@ -26,19 +26,12 @@ import pytest
 
 from benchmarks import suite
 from testbed import guests
-from testbed.daemon import DaemonProcess
 
 from .conftest import PREFIX
 
 SECONDS = 8.0
 PERIOD_MS = 10.0        # sample_interval_ms's default, held by the budget below
-
-
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory, libvirtd):
-    d = DaemonProcess(tmp_path_factory.mktemp("daemon"), extra_config="sample_budget_pct = 25\n").start()
-    yield d
-    assert d.stop() == 0, d.log.read_text()
+DAEMON_CONFIG = "sample_budget_pct = 25\n"     # the module's daemon (conftest)
 
 
 @pytest.fixture(scope="module")
