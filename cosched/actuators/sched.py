@@ -52,15 +52,18 @@ Leaving SCHED_DEADLINE takes care. Measured on Linux 6.18:
   ``benchmarks/evidence/boost-throttled``); returned straight to its policy
   it ran in its next boost (``throttle_return.py`` there). So a thread
   found runnable with its budget run out, in a boost this knob gave it,
-  returns straight, and the knob holds its next boost until the kernel has
-  let go of the old one: its zero-lag time, its deadline plus the overrun
-  at the boost's rate (the deadline is on the kernel's scheduler clock:
-  :func:`kernel_clock_offset`). A throttled thread cannot fall asleep
-  before the call, so the kernel counts its bandwidth until then and no
-  longer (``tests/test_journal.py``). A sleeping thread, or one whose
-  deadline lies further than a period ahead (given at the zero
-  reservation's rate: it woke between the two calls of an earlier return),
-  still leaves through the zero reservation, and is held for its period.
+  returns straight, and the knob holds its next boost until that boost's
+  deadline, and the overrun at the boost's rate (its zero-lag time), have
+  passed (the deadline is on the kernel's scheduler clock:
+  :func:`kernel_clock_offset`); re-entered after its deadline, the thread
+  gets a new budget (of two barrier guests' boosts, none found the spent
+  budget of its vCPU's last return: ``boost-throttled/straight``). A
+  throttled thread cannot fall asleep before the call, and the admission
+  total is back where it was once its zero-lag time has passed
+  (``tests/test_journal.py``). A sleeping thread, or one whose deadline
+  lies further than a period ahead (given at the zero reservation's rate:
+  it woke between the two calls of an earlier return), still leaves
+  through the zero reservation, and is held for its period.
 """
 from __future__ import annotations
 
