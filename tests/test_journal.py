@@ -293,6 +293,15 @@ def test_a_deadline_budget_is_read_from_the_sched_text():
     assert parse_dl("dl.runtime : x\ndl.deadline : 1\n") is None and parse_dl(None) is None
 
 
+def test_the_kernel_clock_is_not_known_where_no_thread_can_start(fs, monkeypatch):
+    """A SCHED_DEADLINE process may not start threads (EAGAIN): no offset,
+    and the knob returns spent threads through the zero reservation."""
+    def refused(self):
+        raise RuntimeError("can't start new thread")
+    monkeypatch.setattr(threading.Thread, "start", refused)
+    assert kernel_clock_offset(fs) is None
+
+
 def test_the_kernel_clock_is_measured_against_the_monotonic_clock():
     """On the kernel: a deadline the kernel gives now lies where the offset
     says, within a millisecond."""

@@ -213,7 +213,10 @@ def kernel_clock_offset(fs: HostFS) -> int | None:
         except OSError:
             pass
     t = threading.Thread(target=measure, name="cosched-clock")
-    t.start()
+    try:
+        t.start()        # refused to a SCHED_DEADLINE caller (EAGAIN), or with no threads left
+    except RuntimeError:
+        return None
     t.join()
     return found[0] if found else None
 
