@@ -305,24 +305,23 @@ def test_the_kernel_clock_is_not_known_where_no_thread_can_start(fs, monkeypatch
 def test_the_kernel_clock_is_measured_against_the_monotonic_clock():
     """On the kernel: a deadline the kernel gives now lies where the offset
     says, within a millisecond."""
-    import re
     import time
+    from cosched.kernel import parse_dl
     offset = kernel_clock_offset(HostFS("/"))
     assert offset is not None
     out = {}
 
     def probe():
-        tid = threading.get_native_id()
+        tid, knob = threading.get_native_id(), SchedKnob(HostFS("/"), offset=lambda: None)
         before = time.monotonic_ns()
-        set_attr(tid, SchedAttr("deadline", runtime_ns=1_000_000, deadline_ns=500_000_000, period_ns=500_000_000))
+        knob.apply(tid, SchedAttr("deadline", runtime_ns=1_000_000, deadline_ns=500_000_000, period_ns=500_000_000))
         out["dl"] = open(f"/proc/self/task/{tid}/sched").read()
-        set_attr(tid, zero_bandwidth(HostFS("/")))
-        set_attr(tid, SchedAttr())
+        knob.apply(tid, SchedAttr())
         out["before"] = before
     t = threading.Thread(target=probe)
     t.start()
     t.join()
-    deadline = int(re.search(r"dl\.deadline\s*:\s*(\d+)", out["dl"]).group(1))
+    deadline = parse_dl(out["dl"])[1]
     assert abs(deadline - offset - 500_000_000 - out["before"]) < 1_000_000
 
 

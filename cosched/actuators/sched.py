@@ -199,15 +199,14 @@ def kernel_clock_offset(fs: HostFS) -> int | None:
                              period_ns=1_000_000_000), []
 
     def measure():
-        tid = threading.get_native_id()
+        tid, knob = threading.get_native_id(), SchedKnob(fs, offset=lambda: None)
         try:
             before = time.monotonic_ns()
-            set_attr(tid, probe)
+            knob.apply(tid, probe)
             try:
                 dl = parse_dl(fs.read_or(f"/proc/{os.getpid()}/task/{tid}/sched"))
             finally:
-                set_attr(tid, zero_bandwidth(fs))
-                set_attr(tid, SchedAttr())
+                knob.apply(tid, SchedAttr())      # running, with budget left: through the zero reservation
             if dl is not None:
                 found.append(dl[1] - probe.deadline_ns - before)
         except OSError:
@@ -259,8 +258,8 @@ class SchedKnob:
         doc): through the zero reservation, unless its budget has run out
         within a boost of this knob's."""
         end, held = self._deadline.get(tid, (None, None))
-        dl = parse_dl(self.fs.read_or(f"/proc/{tid}/sched"))
-        if dl is not None and dl[0] <= 0 and held is not None and self._runnable(tid):
+        dl = parse_dl(self.fs.read_or(f"/proc/{tid}/sched")) if held is not None else None
+        if dl is not None and dl[0] <= 0 and self._runnable(tid):
             ahead = self._ahead(dl[1])
             if ahead is not None and ahead <= held.period_ns + SPENT_MARGIN_NS:
                 self._hold(tid, self.clock() + ahead - dl[0] * held.period_ns // held.runtime_ns + SPENT_MARGIN_NS)
