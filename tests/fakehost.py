@@ -134,13 +134,10 @@ class FakeSched:
         self.calls.append((tid, attr))
         self.attrs[tid] = attr
 
-    def knob(self, fs, clock=None, offset=None):
-        """A knob on these attributes; the kernel's clock is not measured
-        (``offset``: what :func:`cosched.actuators.sched.kernel_clock_offset` says)."""
+    def knob(self, fs, clock=None):
         import time
         from cosched.actuators.sched import SchedKnob
-        return SchedKnob(fs, get=self.get, put=self.set, clock=clock or time.monotonic_ns,
-                         offset=offset or (lambda: None))
+        return SchedKnob(fs, get=self.get, put=self.set, clock=clock or time.monotonic_ns)
 
 
 class ThreadSwitcher:

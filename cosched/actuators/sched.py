@@ -41,29 +41,7 @@ Leaving SCHED_DEADLINE takes care. Measured on Linux 6.18:
   period on). The switcher boosts no vCPU before then, and boosts a vCPU
   afresh only a period after its last boost took effect
   (:class:`cosched.policy.watch.Bcs`); the daemon tells a new switcher
-  what it restored (:class:`cosched.engine.protocol.VcpuPlan`);
-* and a thread whose budget has run out (throttled: ``dl.runtime`` of
-  ``/proc/TID/sched`` at or below 0; boosts outrun their budget when boosted
-  vCPUs hold every CPU, so that the switcher that ends them cannot run)
-  must not take the zero reservation. Returned through it, such a thread kept its
-  spent budget for good: every later boost of it found the budget of its
-  previous return, below zero, and the thread did not run at all while
-  boosted (1,081 of 1,083 boosts of two barrier guests,
-  ``benchmarks/evidence/boost-throttled``); returned straight to its policy
-  it ran in its next boost (``throttle_return.py`` there). So a thread
-  found runnable with its budget run out, in a boost this knob gave it,
-  returns straight, and the knob holds its next boost until that boost's
-  deadline, and the overrun at the boost's rate (its zero-lag time), have
-  passed (the deadline is on the kernel's scheduler clock:
-  :func:`kernel_clock_offset`); re-entered after its deadline, the thread
-  gets a new budget (of two barrier guests' boosts, none found the spent
-  budget of its vCPU's last return: ``boost-throttled/straight``). A
-  throttled thread cannot fall asleep before the call, and the admission
-  total is back where it was once its zero-lag time has passed
-  (``tests/test_journal.py``). A sleeping thread, or one whose deadline
-  lies further than a period ahead (given at the zero reservation's rate:
-  it woke between the two calls of an earlier return), still leaves
-  through the zero reservation, and is held for its period.
+  what it restored (:class:`cosched.engine.protocol.VcpuPlan`).
 """
 from __future__ import annotations
 
@@ -71,13 +49,12 @@ import ctypes
 import errno
 import os
 import platform
-import threading
 import time
 from dataclasses import asdict, dataclass
 
 from cosched.actuators.journal import Gone
 from cosched.hostfs import HostFS
-from cosched.kernel import POLICIES, REALTIME, parse_dl, parse_stat, policy_name
+from cosched.kernel import POLICIES, REALTIME, parse_stat, policy_name
 
 KIND = "sched"
 
@@ -85,8 +62,6 @@ KIND = "sched"
 _SYSCALLS = {"x86_64": (314, 315), "aarch64": (274, 275), "riscv64": (274, 275),
              "ppc64le": (355, 356), "ppc64": (355, 356), "s390x": (345, 346)}
 FAIR = ("other", "batch")
-SPENT_MARGIN_NS = 1_000_000   # added to a spent thread's hold (SchedKnob._leave_deadline): reads and calls take time
-CLOCK_FRESH_NS = 10_000_000_000   # kernel_clock_offset is measured again after this long
 _KEEP_FLAGS = 0x07        # SCHED_FLAG_RESET_ON_FORK | RECLAIM | DL_OVERRUN: flags that describe the thread
 
 
@@ -187,39 +162,6 @@ def thread_start(fs: HostFS, tid: int) -> int | None:
     return stat.start_time if stat else None
 
 
-def kernel_clock_offset(fs: HostFS) -> int | None:
-    """The kernel's scheduler clock (deadlines in ``/proc/TID/sched``) less
-    ``CLOCK_MONOTONIC``, in ns (None if it cannot be measured): a thread of
-    this process takes a deadline reservation of 0.1% of a CPU, reads the
-    deadline the kernel gave it, and returns through the zero reservation
-    while it runs. The two clocks differed by 0.5 ms after 12 hours on this
-    host, and by 142 ms from ``CLOCK_MONOTONIC_RAW``: they drift apart, so the
-    knob measures again every :data:`CLOCK_FRESH_NS`."""
-    probe, found = SchedAttr("deadline", runtime_ns=1_000_000, deadline_ns=1_000_000_000,
-                             period_ns=1_000_000_000), []
-
-    def measure():
-        tid, knob = threading.get_native_id(), SchedKnob(fs, offset=lambda: None)
-        try:
-            before = time.monotonic_ns()
-            knob.apply(tid, probe)
-            try:
-                dl = parse_dl(fs.read_or(f"/proc/{os.getpid()}/task/{tid}/sched"))
-            finally:
-                knob.apply(tid, SchedAttr())      # running, with budget left: through the zero reservation
-            if dl is not None:
-                found.append(dl[1] - probe.deadline_ns - before)
-        except OSError:
-            pass
-    t = threading.Thread(target=measure, name="cosched-clock")
-    try:
-        t.start()        # refused to a SCHED_DEADLINE caller (EAGAIN), or with no threads left
-    except RuntimeError:
-        return None
-    t.join()
-    return found[0] if found else None
-
-
 class SchedKnob:
     """Apply, record, restore and verify thread scheduling attributes.
 
@@ -231,66 +173,33 @@ class SchedKnob:
 
     kind = KIND
 
-    def __init__(self, fs: HostFS, get=None, put=None, clock=time.monotonic_ns, offset=None):
+    def __init__(self, fs: HostFS, get=None, put=None, clock=time.monotonic_ns):
         self.fs = fs
         self.get = get or (lambda tid: get_attr(tid))
         self.set = put or (lambda tid, attr: set_attr(tid, attr))
         self.clock = clock
         self._zero = zero_bandwidth(fs)
-        self._deadline: dict[int, tuple[int, SchedAttr]] = {}  # threads this knob made deadline threads ->
-                                                                # (their period's end, their reservation)
+        self._deadline: dict[int, int] = {}  # threads this knob made deadline threads -> their period's end
         self._quiet: dict[int, int] = {}     # thread -> its next deadline reservation may inherit a far deadline until
-        self._offset = offset or (lambda: kernel_clock_offset(fs))
-        self._offset_at: tuple[int, int | None] | None = None   # (measured when, kernel_clock_offset)
 
     def _put(self, tid: int, attr: SchedAttr, deadline_now: bool) -> None:
         if deadline_now and attr.policy != "deadline":
-            self._leave_deadline(tid)
+            try:
+                self.set(tid, self._zero)
+            except OSError as e:
+                if e.errno == errno.ESRCH:
+                    raise
+                # not expected (the reservation only shrinks); the return itself still happens
+            left = self.clock()
+            if left >= self._deadline.get(tid, left):   # its deadline may be behind it, or is not known
+                self._quiet = {t: until for t, until in self._quiet.items() if until > left}
+                self._quiet[tid] = left + self._zero.period_ns
         now = self.clock()
         self.set(tid, attr)
         if attr.policy == "deadline":
-            self._deadline[tid] = (now + attr.deadline_ns, attr)  # taken before the call: never later than the kernel's
+            self._deadline[tid] = now + attr.deadline_ns  # taken before the call: never later than the kernel's
         else:
             self._deadline.pop(tid, None)
-
-    def _leave_deadline(self, tid: int) -> None:
-        """Ready a deadline thread to leave SCHED_DEADLINE (see the module
-        doc): through the zero reservation, unless its budget has run out
-        within a boost of this knob's."""
-        end, held = self._deadline.get(tid, (None, None))
-        dl = parse_dl(self.fs.read_or(f"/proc/{tid}/sched")) if held is not None else None
-        if dl is not None and dl[0] <= 0 and self._runnable(tid):
-            ahead = self._ahead(dl[1])
-            if ahead is not None and ahead <= held.period_ns + SPENT_MARGIN_NS:
-                self._hold(tid, self.clock() + ahead - dl[0] * held.period_ns // held.runtime_ns + SPENT_MARGIN_NS)
-                return
-            end = None               # a deadline further away: given at the zero reservation's rate
-        try:
-            self.set(tid, self._zero)
-        except OSError as e:
-            if e.errno == errno.ESRCH:
-                raise
-            # not expected (the reservation only shrinks); the return itself still happens
-        left = self.clock()
-        if end is None or left >= end:   # its deadline may be behind it, far ahead, or is not known
-            self._hold(tid, left + self._zero.period_ns)
-
-    def _ahead(self, deadline: int) -> int | None:
-        """How far (ns) a deadline on the kernel's scheduler clock lies ahead
-        of now; None where the clocks' offset cannot be measured."""
-        now = self.clock()
-        if self._offset_at is None or now - self._offset_at[0] > CLOCK_FRESH_NS:
-            self._offset_at = (now, self._offset())
-        return None if self._offset_at[1] is None else deadline - self._offset_at[1] - self.clock()
-
-    def _runnable(self, tid: int) -> bool:
-        stat = parse_stat(self.fs.read_or(f"/proc/{tid}/stat") or "")
-        return stat is not None and stat.state == "R"
-
-    def _hold(self, tid: int, until: int) -> None:
-        left = self.clock()
-        self._quiet = {t: u for t, u in self._quiet.items() if u > left}
-        self._quiet[tid] = until
 
     def quiet_until(self, tid: int) -> int:
         """Until when (``clock`` ns; 0: no such time) thread ``tid`` must not

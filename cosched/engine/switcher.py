@@ -101,9 +101,7 @@ def boost_attr(boost_ms: float, share: float = MAX_SHARE) -> SchedAttr:
     returned only after its deadline (this switcher held up), or restored
     by the daemon, is not boosted for the zero reservation's period
     (:meth:`cosched.actuators.sched.SchedKnob.quiet_until`;
-    ``sched_deadline_period_max_us``, 4.2 s by default); one whose budget
-    ran out (boosted vCPUs held every CPU, so this switcher could not end
-    its boost) returns straight and waits until the kernel lets go of it. Measured on a
+    ``sched_deadline_period_max_us``, 4.2 s by default). Measured on a
     process boosting itself next to two spinning ones
     (``tests/test_journal.py``): re-boosted sooner, from the second or
     third boost on each one stopped it, once for 4.2 s; re-boosted after
