@@ -6,6 +6,7 @@
 * ``/proc/PID/task/TID/schedstat``: :func:`parse_schedstat`;
 * ``/proc/.../status``: :func:`status_field` for one line, :func:`switch_outs`
   and :func:`on_cpu` for the watch's hot path;
+* ``/proc/PID/task/TID/sched``: :func:`parse_dl`, a deadline thread's budget;
 * ``cgroup.events`` of a cgroup v2 directory: :func:`events_frozen`;
 * scheduling policy numbers (``include/uapi/linux/sched.h``): :data:`POLICIES`.
 """
@@ -68,6 +69,23 @@ def parse_schedstat(raw: bytes) -> tuple[int, int, int]:
     """(ns run, ns waited on a run queue, times switched in) from a raw ``schedstat`` line."""
     run, wait, switch_ins = raw.split()[:3]
     return int(run), int(wait), int(switch_ins)
+
+
+def parse_dl(text: str | None) -> tuple[int, int] | None:
+    """(budget left in its period, absolute deadline), in ns, of a deadline
+    thread from its ``sched`` text (``dl.runtime``, ``dl.deadline``; the
+    deadline on the kernel's scheduler clock). A budget at or below 0: the
+    kernel has throttled the thread. None without them: the kernel shows
+    them only while the thread has SCHED_DEADLINE."""
+    found = {}
+    for line in (text or "").splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() in ("dl.runtime", "dl.deadline"):
+            try:
+                found[key.strip()] = int(value)
+            except ValueError:
+                return None
+    return (found["dl.runtime"], found["dl.deadline"]) if len(found) == 2 else None
 
 
 def frozen_usec(raw: bytes) -> int:

@@ -134,10 +134,13 @@ class FakeSched:
         self.calls.append((tid, attr))
         self.attrs[tid] = attr
 
-    def knob(self, fs, clock=None):
+    def knob(self, fs, clock=None, offset=None):
+        """A knob on these attributes; the kernel's clock is not measured
+        (``offset``: what :func:`cosched.actuators.sched.kernel_clock_offset` says)."""
         import time
         from cosched.actuators.sched import SchedKnob
-        return SchedKnob(fs, get=self.get, put=self.set, clock=clock or time.monotonic_ns)
+        return SchedKnob(fs, get=self.get, put=self.set, clock=clock or time.monotonic_ns,
+                         offset=offset or (lambda: None))
 
 
 class ThreadSwitcher:

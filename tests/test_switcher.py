@@ -279,7 +279,81 @@ def test_bcs_boosts_with_sched_deadline_and_returns_to_the_recorded_attributes(t
     assert sched.attrs[101] == batch
     assert sched.calls[-2:] == [(101, zero_bandwidth(fs)), (101, batch)]   # young: through the zero reservation
     assert pr.Tally("a", 1, boosts=1) in sw.take_stats().tallies
-    assert all(fs.read(f"{CG2}/machine/a/vcpu{i}/cgroup.freeze") == "0" for i in range(2))   # boost never freezes
+    assert all(fs.read(f"{CG2}/machine/a/vcpu{i}/cgroup.freeze") == "0" for i in range(2))   # nothing left frozen
+
+
+def test_a_return_through_the_zero_reservation_holds_the_vcpu_still_and_a_straight_one_does_not(tmp_path):
+    """Between the two calls of a return through the zero reservation the
+    vCPU is frozen (a thread that woke there ran at that reservation's
+    rate), and thawed right after; a vCPU the knob returns straight is not
+    frozen at all."""
+    fs, clock, sched = tree(tmp_path), Clock(), FakeSched()
+    procs = Procs(fs, (100, 101))
+    freeze = f"{CG2}/machine/a/vcpu1/cgroup.freeze"
+    during = []
+    put = sched.set
+    sched.set = lambda tid, attr: (tid == 101 and during.append((attr.policy, fs.read(freeze))), put(tid, attr))[1]
+    sw = Switcher(fs, 500 * MS, sched=sched.knob(fs, clock, offset=lambda: 0), clock=clock)
+    sw.apply(watched("boost", replace(member("a"), boost_ms=2)))
+    sw.tick()
+
+    def boost_and_return(budget, ahead, asleep):
+        during.clear()
+        fs.write("/proc/101/sched", f"dl.runtime : 4000000\ndl.deadline : {clock.now + 8 * MS}\n")   # a new period
+        while not during:                              # 101 waits behind the running 100 until boosted
+            clock.now += POLL
+            procs.runs(100)
+            sw.tick()
+        fs.write("/proc/101/sched", f"dl.runtime : {budget}\ndl.deadline : {clock.now + ahead}\n")
+        clock.now += POLL
+        if asleep:
+            procs.state[101][0] = "S"                   # it blocked: its boost ends
+            procs.write(101)
+        else:
+            procs.picked(101)                          # it got a CPU: its boost ends
+        sw.tick()
+        procs.state[101][0] = "R"
+        procs.write(101)
+        clock.now += 20 * MS                           # its next boost may come
+        return during[1:]
+
+    assert boost_and_return(3_000_000, 6_000_000, asleep=True) == [("deadline", "1"), ("other", "1")]
+    assert fs.read(freeze) == "0"
+    assert boost_and_return(-50_000, 2_000_000, asleep=False) == [("other", "0")]
+    assert fs.read(freeze) == "0"
+
+
+def test_a_boost_that_finds_no_budget_is_taken_back_at_once(tmp_path):
+    """A vCPU whose boost found a budget left from an earlier reservation,
+    at or below 0, would not run at all while boosted: it is returned at
+    once (straight: its budget ran out) and counted as ``stale``, and not
+    boosted again before the knob allows."""
+    from cosched.actuators.sched import LEAVE_MARGIN_NS
+    fs, clock, sched = tree(tmp_path), Clock(), FakeSched()
+    procs = Procs(fs, (100, 101))
+    fs.write("/proc/101/sched", f"dl.runtime : -65955\ndl.deadline : {clock.now + 30 * MS}\n")
+    sw = Switcher(fs, 500 * MS, sched=sched.knob(fs, clock, offset=lambda: 0), clock=clock)
+    sw.apply(watched("boost", replace(member("a"), boost_ms=2)))
+    sw.tick()
+    for _ in range(2):
+        clock.now += POLL
+        procs.runs(100)
+        sw.tick()
+    calls = lambda: [attr.policy for tid, attr in sched.calls if tid == 101]
+    assert calls() == ["deadline", "other"]
+    assert sw.take_stats().long_waits_held["stale"] == 1
+    hold = 30 * MS + 2 * 65955 + LEAVE_MARGIN_NS
+    while clock.now < hold - POLL:
+        clock.now += POLL
+        procs.runs(100)
+        sw.tick()
+        assert len(calls()) == 2, clock.now
+    fs.write("/proc/101/sched", f"dl.runtime : 4000000\ndl.deadline : {clock.now + 8 * MS}\n")   # as the kernel shows it
+    for _ in range(3):
+        clock.now += POLL
+        procs.runs(100)
+        sw.tick()
+    assert calls()[-1] == "deadline"
 
 
 def test_a_vcpu_returned_from_a_late_boost_is_not_boosted_for_the_zero_reservations_period(tmp_path):

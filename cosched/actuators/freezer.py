@@ -11,6 +11,7 @@ first write; restoring writes it back.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
 from cosched.actuators.journal import FileKnob
@@ -77,6 +78,28 @@ class Freezer:
             if not pending or time.monotonic() > deadline:
                 break
         return pending
+
+    @contextlib.contextmanager
+    def still(self, freeze_file: str, timeout: float, on_thaw_error=None):
+        """Keep a cgroup frozen while the body runs (waiting up to
+        ``timeout`` for it to freeze first), then thaw it. A cgroup that
+        cannot be frozen (gone) runs the body as it is; an OSError from the
+        thaw goes to ``on_thaw_error`` (raised without one)."""
+        try:
+            self.set(freeze_file, True)
+        except OSError:
+            yield
+            return
+        try:
+            self.wait([freeze_file], True, timeout)
+            yield
+        finally:
+            try:
+                self.set(freeze_file, False)
+            except OSError as e:
+                if on_thaw_error is None:
+                    raise
+                on_thaw_error(e)
 
     def forget(self, freeze_file: str) -> None:
         """Close this cgroup's files (its vCPU left the plan)."""

@@ -10,51 +10,76 @@ kernel's ``sched_getattr(2)`` / ``sched_setattr(2)`` directly, through libc's
 The journal entry (kind ``sched``) names the thread by TID *and* start time:
 a TID the kernel has since given to another thread is not touched.
 
-Leaving SCHED_DEADLINE takes care. Measured on Linux 6.18:
+Leaving SCHED_DEADLINE takes care. How Linux lets go of a deadline thread,
+as read in ``kernel/sched/deadline.c`` (6.17: ``switched_from_dl``,
+``task_non_contending``, the inactive timer): its bandwidth stays counted in the
+root domain's admission total (``dl_bw->total_bw``) until its *zero-lag
+time*, its deadline less its budget left at its reservation's rate
+(deadline - budget x period / runtime); then the kernel subtracts it and
+clears the thread's deadline state. A thread on a run queue when it
+leaves is let go of at once if that time has passed, else by a timer then;
+a thread asleep is let go of only by the timer it started when it fell
+asleep as a deadline thread, if that time still lay ahead. Measured on
+this kernel, each the way cosched first met it:
 
-* a deadline thread set back to another policy while it sleeps, after its
-  zero-lag time, keeps its bandwidth counted in the root domain's admission
-  total (``dl_bw->total_bw``) after it leaves, and after it exits, until the
-  kernel next rebuilds its root domains (a cpuset change, such as libvirt
-  removing a guest's cgroup). Boosting blocking guests filled all of the
-  host's deadline bandwidth within seconds, after which the kernel refused
-  every boost (EBUSY) and every other deadline task on the host. A thread
-  first given the smallest reservation the kernel accepts
-  (:func:`zero_bandwidth`: 1,024 ns per longest period, which is 0 in the
-  kernel's fixed point) and then its own policy leaves nothing behind,
-  whatever its state (``tests/test_journal.py`` checks the total after 100
-  returns of a thread that runs and sleeps by turns). Deciding by the
-  thread's state instead is a race: a thread found runnable that falls
-  asleep before the call leaves its bandwidth behind (one return in a
-  thousand, measured; enough to refuse every boost within a run);
-* but the zero reservation can stop the thread's next boost. The kernel
-  keeps a thread's budget and deadline after it leaves and hands them back
-  if it re-enters SCHED_DEADLINE before that deadline; a budget that runs
-  out under the zero reservation, or a runnable thread whose deadline has
-  already passed when it gets the zero reservation, is given a new
-  deadline at that reservation's rate, seconds away: the next boost
-  stopped the thread for 4.2 s. So this knob notes, for each thread it
-  returns through the zero reservation when that thread's deadline may be
-  behind it (its boost outlived its period: a switcher held up; or a
-  restore, which does not know), until when its next boost would inherit
-  such a deadline (:meth:`SchedKnob.quiet_until`: the zero reservation's
-  period on). The switcher boosts no vCPU before then, and boosts a vCPU
-  afresh only a period after its last boost took effect
-  (:class:`cosched.policy.watch.Bcs`); the daemon tells a new switcher
-  what it restored (:class:`cosched.engine.protocol.VcpuPlan`).
+* a thread set back to its policy while asleep after its zero-lag time
+  keeps its bandwidth counted for good (until the kernel next rebuilds its
+  root domains); boosting blocking guests so filled all of the host's
+  deadline bandwidth within seconds, after which every boost on the host
+  was refused (EBUSY). A thread first given the smallest reservation the
+  kernel accepts (:func:`zero_bandwidth`: 1,024 ns per longest period, 0
+  in the kernel's fixed point) and then its policy leaves nothing counted,
+  whatever its state;
+* but a thread whose budget runs out under the zero reservation, or that
+  is throttled when it takes it, is given a deadline at that reservation's
+  rate: seconds away, and its zero-lag time minutes to hours away. A boost
+  before then inherits that state and the thread does not run at all
+  while boosted: 1,081 of 1,083 boosts of two barrier guests found the
+  spent budget of the vCPU's last return (``benchmarks/evidence/
+  boost-throttled``), and a thread of the kernel test, returned through
+  the zero reservation while running with 876 us of budget, overran it
+  between the two calls and was never run again in a boost.
+
+So this knob reads a leaving thread's budget and deadline (``dl.runtime``
+and ``dl.deadline`` of ``/proc/TID/sched``, on the kernel's scheduler clock:
+:func:`kernel_clock_offset`) and its state, and returns it *straight* when
+it is runnable and either its zero-lag time lies more than
+:data:`LEAVE_MARGIN_NS` ahead (one that falls asleep before the call falls
+asleep as a deadline thread with that time ahead, so the kernel's timer
+lets go of it) or its budget has run out (through the zero reservation it
+would be throttled at once). Its next deadline reservation waits until
+that zero-lag time (:meth:`SchedKnob.quiet_until`). Every other thread
+(asleep: it may have fallen asleep before it was a deadline thread, and
+then nothing lets go of it; runnable on a budget with its zero-lag time
+near; state not readable) leaves through the zero reservation, and the
+caller keeps it from running between the two calls where it can
+(``still``: the switcher freezes the vCPU's cgroup for them). A thread
+that ran there took the zero reservation's rate: the light thread of the
+kernel test (``tests/test_journal.py``) did so, not kept still, within
+its first 30 returns in each of two runs, and its next boost found no
+budget. :meth:`SchedKnob.fresh` tells the switcher when a boost found
+such a state left over anyway, and the switcher takes that boost back at
+once (straight: its budget is spent). Where the clocks cannot be compared
+every thread leaves through the zero reservation, held for that
+reservation's period when its deadline may be behind it. The switcher
+boosts a vCPU afresh only a period after its last boost took effect
+(:class:`cosched.policy.watch.Bcs`); the daemon tells a new switcher what
+it restored (:class:`cosched.engine.protocol.VcpuPlan`).
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
 import platform
+import threading
 import time
 from dataclasses import asdict, dataclass
 
 from cosched.actuators.journal import Gone
 from cosched.hostfs import HostFS
-from cosched.kernel import POLICIES, REALTIME, parse_stat, policy_name
+from cosched.kernel import POLICIES, REALTIME, parse_dl, parse_stat, policy_name
 
 KIND = "sched"
 
@@ -62,6 +87,8 @@ KIND = "sched"
 _SYSCALLS = {"x86_64": (314, 315), "aarch64": (274, 275), "riscv64": (274, 275),
              "ppc64le": (355, 356), "ppc64": (355, 356), "s390x": (345, 346)}
 FAIR = ("other", "batch")
+LEAVE_MARGIN_NS = 1_000_000   # reads and calls take time (SchedKnob._straight)
+CLOCK_FRESH_NS = 10_000_000_000   # kernel_clock_offset is measured again after this long
 _KEEP_FLAGS = 0x07        # SCHED_FLAG_RESET_ON_FORK | RECLAIM | DL_OVERRUN: flags that describe the thread
 
 
@@ -162,6 +189,43 @@ def thread_start(fs: HostFS, tid: int) -> int | None:
     return stat.start_time if stat else None
 
 
+def kernel_clock_offset(fs: HostFS) -> int | None:
+    """The kernel's scheduler clock (deadlines in ``/proc/TID/sched``) less
+    ``CLOCK_MONOTONIC``, in ns (None if it cannot be measured): a thread of
+    this process takes a deadline reservation of 0.1% of a CPU, reads the
+    deadline the kernel gave it, and returns itself straight to its policy
+    (on a run queue, as the caller of that return, so the kernel lets go of
+    it; through the zero reservation it could wait for Python's lock
+    between the two calls, wake at that reservation's rate and not run
+    again, holding that lock: a test process so hung). The two clocks
+    differed by 0.5 ms after 12 hours on this host, and by 142 ms from
+    ``CLOCK_MONOTONIC_RAW``: they drift apart, so the knob measures again
+    every :data:`CLOCK_FRESH_NS`."""
+    probe, found = SchedAttr("deadline", runtime_ns=1_000_000, deadline_ns=1_000_000_000,
+                             period_ns=1_000_000_000), []
+
+    def measure():
+        tid = threading.get_native_id()
+        try:
+            before = time.monotonic_ns()
+            set_attr(tid, probe)
+            try:
+                dl = parse_dl(fs.read_or(f"/proc/{os.getpid()}/task/{tid}/sched"))
+            finally:
+                set_attr(tid, SchedAttr())
+            if dl is not None:
+                found.append(dl[1] - probe.deadline_ns - before)
+        except OSError:
+            pass
+    t = threading.Thread(target=measure, name="cosched-clock")
+    try:
+        t.start()        # refused to a SCHED_DEADLINE caller (EAGAIN), or with no threads left
+    except RuntimeError:
+        return None
+    t.join()
+    return found[0] if found else None
+
+
 class SchedKnob:
     """Apply, record, restore and verify thread scheduling attributes.
 
@@ -173,40 +237,105 @@ class SchedKnob:
 
     kind = KIND
 
-    def __init__(self, fs: HostFS, get=None, put=None, clock=time.monotonic_ns):
+    def __init__(self, fs: HostFS, get=None, put=None, clock=time.monotonic_ns, offset=None):
         self.fs = fs
         self.get = get or (lambda tid: get_attr(tid))
         self.set = put or (lambda tid, attr: set_attr(tid, attr))
         self.clock = clock
         self._zero = zero_bandwidth(fs)
-        self._deadline: dict[int, int] = {}  # threads this knob made deadline threads -> their period's end
-        self._quiet: dict[int, int] = {}     # thread -> its next deadline reservation may inherit a far deadline until
+        self._deadline: dict[int, tuple[int, SchedAttr]] = {}  # threads this knob made deadline threads ->
+                                                                # (their period's end, their reservation)
+        self._quiet: dict[int, int] = {}     # thread -> until when a deadline reservation would inherit its last one
+        self._offset = offset or (lambda: kernel_clock_offset(fs))
+        self._offset_at: tuple[int, int | None] | None = None   # (measured when, kernel_clock_offset)
 
-    def _put(self, tid: int, attr: SchedAttr, deadline_now: bool) -> None:
-        if deadline_now and attr.policy != "deadline":
-            try:
-                self.set(tid, self._zero)
-            except OSError as e:
-                if e.errno == errno.ESRCH:
-                    raise
-                # not expected (the reservation only shrinks); the return itself still happens
-            left = self.clock()
-            if left >= self._deadline.get(tid, left):   # its deadline may be behind it, or is not known
-                self._quiet = {t: until for t, until in self._quiet.items() if until > left}
-                self._quiet[tid] = left + self._zero.period_ns
+    def _put(self, tid: int, attr: SchedAttr, leaving: SchedAttr | None, still=None) -> None:
+        if leaving is not None and attr.policy != "deadline" and not self._straight(tid, leaving):
+            with still() if still is not None else contextlib.nullcontext():
+                # read again once held: a thread that ran out of budget meanwhile cannot be held, and goes straight
+                if still is None or not self._straight(tid, leaving):
+                    try:
+                        self.set(tid, self._zero)
+                    except OSError as e:
+                        if e.errno == errno.ESRCH:
+                            raise
+                        # not expected (the reservation only shrinks); the return itself still happens
+                self._put(tid, attr, None)
+            return
         now = self.clock()
         self.set(tid, attr)
         if attr.policy == "deadline":
-            self._deadline[tid] = now + attr.deadline_ns  # taken before the call: never later than the kernel's
+            self._deadline[tid] = (now + attr.deadline_ns, attr)  # taken before the call: never later than the kernel's
         else:
             self._deadline.pop(tid, None)
 
+    def _straight(self, tid: int, held: SchedAttr) -> bool:
+        """Whether thread ``tid``, holding deadline reservation ``held``, may
+        leave SCHED_DEADLINE straight (the module doc says when), noting
+        until when it must not re-enter; False: through the zero reservation."""
+        if self._offset_now() is None or held.runtime_ns <= 0:
+            end = self._deadline.get(tid, (None,))[0]
+            left = self.clock()
+            if end is None or left >= end:   # its deadline may be behind it, or is not known
+                self._hold(tid, left + self._zero.period_ns)
+            return False
+        # its state first: a thread runnable then shows, after, the budget it runs on or fell asleep with
+        dl = parse_dl(self.fs.read_or(f"/proc/{tid}/sched")) if self._runnable(tid) else None
+        if dl is None:
+            return False                     # asleep, or not readable
+        budget, lag = dl[0], self._ahead(dl[1]) - dl[0] * held.period_ns // held.runtime_ns   # to its zero-lag time
+        if lag > LEAVE_MARGIN_NS or budget <= 0:
+            self._hold(tid, self.clock() + max(lag, 0) + LEAVE_MARGIN_NS)
+            return True
+        return False                         # with a budget it keeps through the zero reservation
+
+    def fresh(self, tid: int) -> bool:
+        """Whether thread ``tid``, just given a deadline reservation by this
+        knob, took a period of its own: False when it is runnable and the
+        kernel shows a deadline already passed (it kept a throttled state
+        from an earlier reservation, and is not run) or further away than
+        the reservation's (it kept one at the zero reservation's rate): the
+        module doc. A budget at or below 0 with the deadline within the
+        period is this boost's own, spent before the look. True when that
+        cannot be read, and for a thread asleep (the kernel shows its old
+        budget until it wakes, and gives it a new one then)."""
+        held = self._deadline.get(tid, (None, None))[1]
+        if held is None or not self._runnable(tid):    # state first: one that wakes after shows its new budget
+            return True
+        dl = parse_dl(self.fs.read_or(f"/proc/{tid}/sched"))
+        ahead = self._ahead(dl[1]) if dl is not None else None
+        return ahead is None or 0 < ahead <= held.deadline_ns + LEAVE_MARGIN_NS
+
+    def _offset_now(self) -> int | None:
+        """:func:`kernel_clock_offset`, measured again every :data:`CLOCK_FRESH_NS`."""
+        now = self.clock()
+        if self._offset_at is None or now - self._offset_at[0] > CLOCK_FRESH_NS:
+            self._offset_at = (now, self._offset())
+        return self._offset_at[1]
+
+    def _ahead(self, deadline: int) -> int | None:
+        """How far (ns) a deadline on the kernel's scheduler clock lies ahead
+        of now; None where the clocks' offset cannot be measured."""
+        offset = self._offset_now()
+        return None if offset is None else deadline - offset - self.clock()
+
+    def _runnable(self, tid: int) -> bool:
+        """Whether the thread is runnable (``R``; False where not readable)."""
+        stat = parse_stat(self.fs.read_or(f"/proc/{tid}/stat") or "")
+        return stat is not None and stat.state == "R"
+
+    def _hold(self, tid: int, until: int) -> None:
+        left = self.clock()
+        self._quiet = {t: u for t, u in self._quiet.items() if u > left}
+        self._quiet[tid] = until
+
     def quiet_until(self, tid: int) -> int:
         """Until when (``clock`` ns; 0: no such time) thread ``tid`` must not
-        enter SCHED_DEADLINE: this knob returned it through the zero
-        reservation when its deadline may have been behind it, so the kernel
-        may hold a deadline for it up to the zero reservation's period away,
-        which a boost before then would inherit (see the module doc)."""
+        enter SCHED_DEADLINE: until the zero-lag time of its last straight
+        return, when the kernel lets go of it, or, where the clocks cannot
+        be compared, for the zero reservation's period after a return whose
+        deadline may have been behind it (the module doc); a reservation
+        before then would inherit the last one's budget and deadline."""
         return self._quiet.get(tid, 0)
 
     @staticmethod
@@ -220,8 +349,11 @@ class SchedKnob:
         return self.key(tid, start_time), {"kind": KIND, **about, "tid": tid, "start_time": start_time,
                                            "attr": self.get(tid).to_json()}
 
-    def apply(self, tid: int, attr: SchedAttr) -> None:
-        self._put(tid, attr, tid in self._deadline)
+    def apply(self, tid: int, attr: SchedAttr, still=None) -> None:
+        """Give thread ``tid`` these attributes. ``still``: a context manager
+        factory that keeps the thread from running (its vCPU frozen), held
+        around a return through the zero reservation (the module doc)."""
+        self._put(tid, attr, self._deadline.get(tid, (None, None))[1], still)
 
     def _same_thread(self, entry: dict) -> None:
         if thread_start(self.fs, entry["tid"]) != entry["start_time"]:
@@ -231,7 +363,8 @@ class SchedKnob:
         self._same_thread(entry)
         want = SchedAttr.from_json(entry["attr"])
         tid = entry["tid"]
-        self._put(tid, want, want.policy != "deadline" and self.get(tid).policy == "deadline")
+        now = self.get(tid)
+        self._put(tid, want, now if now.policy == "deadline" and want.policy != "deadline" else None)
 
     def verify(self, entry: dict) -> bool:
         """True when the thread holds its recorded attributes again, or is gone."""

@@ -40,6 +40,7 @@ co-start. A watched boost is SCHED_DEADLINE (see :func:`boost_attr`).
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -70,6 +71,7 @@ BOOST_MARGIN_NS = 2_000_000
 MAX_SHARE = 0.5               # of a CPU, per boost (boost_share)
 FAIR_SERVER_SHARE = 0.05      # the deadline server that keeps CFS tasks running (Linux 6.12+: 50 ms per second per CPU)
 FD_SETSIZE = 1024             # select(2) takes descriptors below this (the loop's timer needs its microseconds)
+STILL_WAIT_S = 0.002         # a vCPU kept still for a return from a boost: it freezes in about 0.1 ms
 FREEZE_WAIT_S = 0.05         # a TCG vCPU freezes in about 0.1 ms; 64 spinning ones on 2 CPUs in under 4 ms
 
 
@@ -97,11 +99,13 @@ def boost_attr(boost_ms: float, share: float = MAX_SHARE) -> SchedAttr:
     reservation's rate, which moves its deadline seconds away. So a vCPU is
     boosted again only once the period of its last boost, counted from that
     boost's start, has ended (:class:`cosched.policy.watch.Bcs`,
-    ``period_ns``): 8 ms for a 2 ms boost at half a CPU; and a vCPU
-    returned only after its deadline (this switcher held up), or restored
-    by the daemon, is not boosted for the zero reservation's period
-    (:meth:`cosched.actuators.sched.SchedKnob.quiet_until`;
-    ``sched_deadline_period_max_us``, 4.2 s by default). Measured on a
+    ``period_ns``): 8 ms for a 2 ms boost at half a CPU; nor before the
+    kernel has let go of its last boost
+    (:meth:`cosched.actuators.sched.SchedKnob.quiet_until`: a vCPU returned
+    straight, until its zero-lag time; where the kernel's clock cannot be
+    read, one returned only after its deadline, or restored by the daemon,
+    for the zero reservation's period, ``sched_deadline_period_max_us``,
+    4.2 s by default). Measured on a
     process boosting itself next to two spinning ones
     (``tests/test_journal.py``): re-boosted sooner, from the second or
     third boost on each one stopped it, once for 4.2 s; re-boosted after
@@ -367,12 +371,29 @@ class Switcher:
             return
         name, v = self.vinfo[key]
         try:
-            self.sched.apply(v.tid, v.original)
+            self.sched.apply(v.tid, v.original, still=(lambda: self._still(key)) if v.freeze else None)
         except OSError as e:
             if e.errno not in GONE:
                 self._error(f"domain={name} vcpu={v.index} unboost to {v.original}: {os.strerror(e.errno)}")
                 return
         st.boosted = False
+
+    @contextlib.contextmanager
+    def _still(self, key):
+        """Keep a vCPU from running (its cgroup frozen, unless it is already)
+        while its boost is taken back through the zero reservation: one
+        that woke between the two calls ran at that reservation's rate and
+        was held back by its next boosts (:mod:`cosched.actuators.sched`)."""
+        st, (name, v) = self.vstate.get(key), self.vinfo[key]
+        if st is not None and st.frozen:
+            yield
+            return
+
+        def thaw_failed(e: OSError) -> None:
+            if e.errno not in GONE:
+                self._error(f"domain={name} vcpu={v.index} thaw after unboost: {os.strerror(e.errno)}")
+        with self.freezer.still(v.freeze, STILL_WAIT_S, thaw_failed):
+            yield
 
     def _unboost_member(self, m: MemberState) -> None:
         for k in m.keys():
@@ -449,6 +470,7 @@ class Switcher:
         try:
             self.sched.apply(tid, attr)
             w.rules.started(i, self.clock())   # the boost began before this
+            stale = not self.sched.fresh(tid)
         except OSError as e:
             if e.errno in GONE:
                 return False
@@ -469,7 +491,13 @@ class Switcher:
                                       f"{w.cell} runs without boosts")
                     self._error(w.boost_failed)
                 return False
+            stale = False
         st.boosted = True
+        if stale:
+            self._unboost(key)              # it would not run while boosted: back now, held as the knob says
+            w.rules.hold(i, self.sched.quiet_until(tid))
+            self.counters.held["stale"] += 1
+            return st.boosted
         self.counters.add(self.counters.boosts, key)
         return True
 

@@ -47,7 +47,9 @@ change. Per poll, a vCPU
     switcher allows is taken) or ``pause`` (the last boost of its vCPU, or
     of the runner it is queued behind, ended less than ``pause-ms`` ago);
     status's ``long_waits_held``, where the switcher adds the boosts the
-    kernel ``refused``.
+    kernel ``refused`` and those it took back at once because the kernel
+    gave them no budget to run on (``stale``: left from an earlier
+    boost, :meth:`cosched.actuators.sched.SchedKnob.fresh`).
 
     Only a *long* wait is boosted: a vCPU seen waiting at two looks in a
     row, not switched in between. Most waits are a woken vCPU's wait for
@@ -93,7 +95,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-HELD = ("room", "pause", "refused")   # why a long wait was not boosted (status's long_waits_held)
+HELD = ("room", "pause", "refused", "stale")   # why a long wait was not boosted (status's long_waits_held)
 CALM_LOOKS = 16      # looks without a long wait before a boost guest is looked at half as often
 IDLE_SHARE = 0.5     # a guest whose vCPUs idle more of their active time than this (smoothed over looks)
 IDLE_EVERY = 4       # is looked at every 4th poll (2 ms) at the most
