@@ -314,7 +314,9 @@ def test_boost_raises_waiting_siblings_then_restores_what_they_had(trio, tmp_pat
         assert code == 0
         assert all(n > 0 for n in boosts.values()), f"a guest was never boosted: {boosts}"
         assert sum(seen[n]["deadline"] for n in NAMES) > 0, "no vCPU was seen boosted from outside"
-        assert all(seen[n]["frozen"] == 0 for n in NAMES), "boost froze a vCPU"
+        # a vCPU is frozen only for the instant of a return through the zero reservation: never co-stopped
+        assert all(seen[n]["frozen"] <= seen["samples"] // 20 and seen[n]["all_frozen"] == 0 for n in NAMES), \
+            "boost froze vCPUs for longer than a return"
         # the BATCH vCPU was boosted from, and returned to, BATCH: never to the default policy
         assert seen[gs[0].name]["policies"][batch_tid] <= {os.SCHED_BATCH, SCHED_DEADLINE, os.SCHED_FIFO}
         assert (os.sched_getscheduler(batch_tid), os.getpriority(os.PRIO_PROCESS, batch_tid)) == (os.SCHED_BATCH, 5)
