@@ -440,7 +440,8 @@ def test_returning_a_deadline_thread_leaves_no_bandwidth_behind(tmp_path):
     thousand returns, until every boost on the host was refused; this test
     caught it once in a full run, and once more when runnable threads on a
     CPU with their budget spent were returned straight too. Not kept
-    still, a light thread of this test woke between the two calls of such
+    still, a thread of the test process that computed and slept by turns,
+    in an earlier version of this test, woke between the two calls of such
     a return within the first 30 returns in two runs, and its next boost
     found no budget.)"""
     import random

@@ -54,9 +54,10 @@ then nothing lets go of it; runnable on a budget with its zero-lag time
 near; state not readable) leaves through the zero reservation, and the
 caller keeps it from running between the two calls where it can
 (``still``: the switcher freezes the vCPU's cgroup for them). A thread
-that ran there took the zero reservation's rate: the light thread of the
-kernel test (``tests/test_journal.py``) did so, not kept still, within
-its first 30 returns in each of two runs, and its next boost found no
+that ran there took the zero reservation's rate: a thread of the test
+process that computed and slept by turns did so, not kept still, within
+its first 30 returns in each of two runs of an earlier version of the
+kernel test (``tests/test_journal.py``), and its next boost found no
 budget. :meth:`SchedKnob.fresh` tells the switcher when a boost found
 such a state left over anyway, and the switcher takes that boost back at
 once (straight: its budget is spent). Where the clocks cannot be compared
