@@ -184,9 +184,14 @@ def zero_bandwidth(fs: HostFS) -> SchedAttr:
     return SchedAttr("deadline", runtime_ns=1024, deadline_ns=period, period_ns=period)
 
 
+def _stat(fs: HostFS, tid: int):
+    """Thread ``tid``'s ``stat`` fields (None if gone)."""
+    return parse_stat(fs.read_or(f"/proc/{tid}/stat") or "")
+
+
 def thread_start(fs: HostFS, tid: int) -> int | None:
     """Start time of thread ``tid`` (None if gone): with the TID, it names one thread for good."""
-    stat = parse_stat(fs.read_or(f"/proc/{tid}/stat") or "")
+    stat = _stat(fs, tid)
     return stat.start_time if stat else None
 
 
@@ -280,11 +285,10 @@ class SchedKnob:
             if end is None or left >= end:   # its deadline may be behind it, or is not known
                 self._hold(tid, left + self._zero.period_ns)
             return False
-        # its state first: a thread runnable then shows, after, the budget it runs on or fell asleep with
-        dl = parse_dl(self.fs.read_or(f"/proc/{tid}/sched")) if self._runnable(tid) else None
-        if dl is None:
+        shown = self._shown(tid)
+        if shown is None:
             return False                     # asleep, or not readable
-        budget, lag = dl[0], self._ahead(dl[1]) - dl[0] * held.period_ns // held.runtime_ns   # to its zero-lag time
+        budget, lag = shown[0], shown[1] - shown[0] * held.period_ns // held.runtime_ns   # to its zero-lag time
         if lag > LEAVE_MARGIN_NS or budget <= 0:
             self._hold(tid, self.clock() + max(lag, 0) + LEAVE_MARGIN_NS)
             return True
@@ -301,11 +305,19 @@ class SchedKnob:
         cannot be read, and for a thread asleep (the kernel shows its old
         budget until it wakes, and gives it a new one then)."""
         held = self._deadline.get(tid, (None, None))[1]
-        if held is None or not self._runnable(tid):    # state first: one that wakes after shows its new budget
-            return True
+        shown = self._shown(tid) if held is not None else None
+        return shown is None or shown[1] is None or 0 < shown[1] <= held.deadline_ns + LEAVE_MARGIN_NS
+
+    def _shown(self, tid: int) -> tuple[int, int | None] | None:
+        """(budget, how far its deadline lies ahead: :meth:`_ahead`) the
+        kernel shows for thread ``tid`` if it is runnable; None when it is
+        asleep or shows none. Its state is read first: a thread runnable
+        then shows, after, the budget it runs on or fell asleep with, not
+        one from before it woke."""
+        if not self._runnable(tid):
+            return None
         dl = parse_dl(self.fs.read_or(f"/proc/{tid}/sched"))
-        ahead = self._ahead(dl[1]) if dl is not None else None
-        return ahead is None or 0 < ahead <= held.deadline_ns + LEAVE_MARGIN_NS
+        return None if dl is None else (dl[0], self._ahead(dl[1]))
 
     def _offset_now(self) -> int | None:
         """:func:`kernel_clock_offset`, measured again every :data:`CLOCK_FRESH_NS`."""
@@ -322,7 +334,7 @@ class SchedKnob:
 
     def _runnable(self, tid: int) -> bool:
         """Whether the thread is runnable (``R``; False where not readable)."""
-        stat = parse_stat(self.fs.read_or(f"/proc/{tid}/stat") or "")
+        stat = _stat(self.fs, tid)
         return stat is not None and stat.state == "R"
 
     def _hold(self, tid: int, until: int) -> None:
