@@ -105,16 +105,22 @@ class SyntheticGuest:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        for d in reversed(self.cgroups):
-            for _ in range(50):
-                try:
-                    os.rmdir(d)
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    time.sleep(0.02)           # the exiting threads are leaving it
+        remove_cgroups(self.cgroups)
         _remove_empty(self.parents)
+
+
+def remove_cgroups(dirs: list[str]) -> None:
+    """Remove a guest's own cgroups (``SyntheticGuest.cgroups``, children
+    last in the list) once its threads have left them."""
+    for d in reversed(dirs):
+        for _ in range(50):
+            try:
+                os.rmdir(d)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.02)           # the exiting threads are leaving it
 
 
 def _remove_empty(dirs: list[str]) -> None:
@@ -147,7 +153,12 @@ def start(name: str, vcpus: int = 2, workload: str = "sleep", layout: str = "lib
           sleep_ms: int = 1) -> SyntheticGuest:
     """Start a synthetic guest and place its threads as libvirt would; with
     ``pve_dir`` and ``tags`` also write its ``VMID.conf``. ``sleep_ms``: how
-    long a ``sleep`` thread sleeps between its short computations."""
+    long a ``sleep`` thread sleeps between its short computations.
+
+    The guest runs in a session of its own (a test's signals do not reach
+    it) but is killed when the thread that started it ends, however it
+    ends: start guests from a thread that outlives them. Its cgroups stay
+    behind a caller killed by a signal (:func:`remove_cgroups`)."""
     binary = build()
     vmid = vmid if vmid is not None else 1000 + (abs(hash(name)) % 9000)
     guid = str(uuidlib.uuid5(uuidlib.NAMESPACE_DNS, name))
@@ -156,7 +167,7 @@ def start(name: str, vcpus: int = 2, workload: str = "sleep", layout: str = "lib
         Path(pve_dir, f"{vmid}.conf").write_text(f"cores: {vcpus}\n" + (f"tags: {tags}\n" if tags else ""))
     log = (workdir or Path("/tmp")) / f"{name}.out"
     argv = ["qemu-system-x86_64", "-name", f"guest={name},debug-threads=on", "-uuid", guid, "-id", str(vmid),
-            "-smp", str(vcpus), "-workload", workload, "-sleep-ms", str(sleep_ms)]
+            "-smp", str(vcpus), "-workload", workload, "-sleep-ms", str(sleep_ms), "-parent", str(os.getpid())]
     proc = subprocess.Popen(argv, executable=str(binary), stdout=open(log, "w"), stderr=subprocess.STDOUT,
                             start_new_session=True)
     g = SyntheticGuest(name, guid, vmid, vcpus, layout, proc, log)

@@ -5,7 +5,7 @@
  * Started (by testbed/synthetic.py) with argv[0] "qemu-system-x86_64" and
  *
  *     -name guest=NAME,debug-threads=on -uuid UUID [-id VMID]
- *     -smp N -workload spin|barrier|sleep [-sleep-ms MS]
+ *     -smp N -workload spin|barrier|sleep [-sleep-ms MS] [-parent PID]
  *
  * it runs N threads named "CPU <i>/KVM", as QEMU names vCPU threads, each
  * running the workload, and its main thread is named like QEMU's. The
@@ -19,9 +19,13 @@
  *
  * Every second the main thread prints "synthetic iters=<total>" (crossings
  * for barrier, loops otherwise) on stdout, flushed. It exits on SIGTERM.
+ * With -parent it is killed when its parent (PID, the thread that started
+ * it) ends, however that ends: a test or benchmark killed by a signal
+ * leaves no guest spinning behind it.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <sys/prctl.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -91,6 +95,8 @@ int main(int argc, char **argv)
 {
     pthread_t threads[MAX_VCPUS];
 
+    long parent = 0;
+
     nthreads = 1;
     for (int i = 1; i + 1 < argc; i++) {
         if (strcmp(argv[i], "-smp") == 0)
@@ -99,6 +105,13 @@ int main(int argc, char **argv)
             workload = argv[i + 1];
         else if (strcmp(argv[i], "-sleep-ms") == 0)
             sleep_ns = atol(argv[i + 1]) * 1000000L;
+        else if (strcmp(argv[i], "-parent") == 0)
+            parent = atol(argv[i + 1]);
+    }
+    /* SIGKILL: a vCPU thread may be frozen, and then a SIGTERM'd process never ends */
+    if (parent && (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)) {
+        fprintf(stderr, "synthetic-qemu: parent %ld is gone\n", parent);
+        return 1;
     }
     if (nthreads < 1 || nthreads > MAX_VCPUS) {
         fprintf(stderr, "synthetic-qemu: -smp must be 1..%d\n", MAX_VCPUS);

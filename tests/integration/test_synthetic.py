@@ -9,6 +9,9 @@ pinned through its affinity), and given back exactly as they were.
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -167,3 +170,47 @@ def test_guests_coming_and_going_leak_nothing(tmp_path, pve, started, libvirtd):
     finally:
         assert daemon.stop() == 0
     assert state(started) == before
+
+
+STARTER = """
+import sys
+from pathlib import Path
+from testbed import synthetic
+g = synthetic.start(sys.argv[1], vcpus=1, workload="spin", workdir=Path(sys.argv[2]))
+print(g.pid, " ".join(g.cgroups), flush=True)
+sys.stdin.read()          # killed here
+"""
+
+
+def alive(pid: str) -> bool:
+    """Whether the process runs (a zombie waiting for its new parent to reap it does not)."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_synthetic_guest_dies_with_the_process_that_started_it(tmp_path, libvirtd):
+    """A test killed by a signal must not leave a guest spinning on the host
+    (the guest runs in a session of its own): its vCPU frozen too."""
+    starter = subprocess.Popen([sys.executable, "-c", STARTER, PREFIX + "orphan", str(tmp_path)],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                               cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    printed = starter.stdout.readline().split()
+    assert len(printed) > 1, f"the starter printed no guest: {printed}"
+    pid, *cgroups = printed
+    v2 = synthetic.cgroup_mounts()[0]
+    vcpu = next(d for d in cgroups if d.startswith(v2) and d.endswith("/vcpu0"))
+    try:
+        with open(f"{vcpu}/cgroup.freeze", "w") as f:
+            f.write("1")
+        starter.send_signal(signal.SIGKILL)
+        starter.wait()
+        deadline = time.monotonic() + 5
+        while alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(pid), f"guest {pid} outlived its starter"
+    finally:
+        if alive(pid):
+            os.kill(int(pid), signal.SIGKILL)
+        synthetic.remove_cgroups(cgroups)      # what a killed starter leaves behind
