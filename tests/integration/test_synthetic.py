@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+from cosched.kernel import parse_stat
 from soak import record
 from testbed import synthetic
 
@@ -185,9 +186,10 @@ sys.stdin.read()          # killed here
 def alive(pid: str) -> bool:
     """Whether the process runs (a zombie waiting for its new parent to reap it does not)."""
     try:
-        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+        stat = parse_stat(open(f"/proc/{pid}/stat").read())
     except FileNotFoundError:
         return False
+    return stat is not None and stat.state != "Z"
 
 
 def test_a_synthetic_guest_dies_with_the_process_that_started_it(tmp_path, libvirtd):
