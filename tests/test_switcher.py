@@ -610,8 +610,8 @@ def test_a_guest_gives_its_rt_runtime_back_as_soon_as_a_vcpu_exits(tmp_path):
     loop.start()
     try:
         os.write(down_w, pr.encode(plan).encode())
-        until(lambda: rt("a/vcpu1/") == "100000")
-        assert len(sw.exits) == 4 and sched.attrs[100] == SchedAttr("fifo", priority=1)
+        applied(up_r, plan.seq)                           # the whole plan, not only its first writes
+        assert rt("a/vcpu1/") == "100000" and len(sw.exits) == 4 and sched.attrs[100] == SchedAttr("fifo", priority=1)
         exits.exit(100)                                   # guest a's QEMU ends
         until(lambda: rt("a/") == "0")
         assert rt("a/vcpu0/") == rt("a/vcpu1/") == "0" and rt("b/vcpu1/") == "100000" and rt("") == "900000"
@@ -663,6 +663,20 @@ def test_a_boost_guest_holds_rt_runtime_only_once_a_vcpu_needs_the_fifo_fallback
     assert rt("") == "900000" and rt("a/") == "200000" and rt("a/vcpu1/") == "100000" and len(sw.exits) == 2
     sw.release_all()
     assert {rt(p) for p in ("", "a/", "a/vcpu0/", "a/vcpu1/")} == {"0"} and sw.exits == {}
+
+
+def applied(fd, seq, timeout=5.0):
+    """Read the switcher's replies from ``fd`` until it says plan ``seq`` is applied."""
+    import select
+    buf, end = b"", time.monotonic() + timeout
+    while True:
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            if pr.decode(line) == pr.Applied(seq):
+                return
+        ready, _, _ = select.select([fd], [], [], max(end - time.monotonic(), 0))
+        assert ready, f"plan {seq} not applied in time"
+        buf += os.read(fd, 1 << 16)
 
 
 def until(cond, timeout=5.0):
