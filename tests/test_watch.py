@@ -28,6 +28,10 @@ class Thread:
     def picked(self):              # switched in
         self.runnable, self.on_cpu, self.picks = True, True, self.picks + 1
 
+    def ran_unseen(self, ns):      # ran between two polls, queued again by the next
+        self.picks += 1
+        self.runnable, self.on_cpu, self.run = True, False, self.run + ns
+
     def sleeps(self):
         self.runnable, self.on_cpu = False, False
 
@@ -246,6 +250,24 @@ def test_relaxed_costops_a_leader_and_costarts_it_when_the_laggard_caught_up():
     b.runs(MS)
     acts = poll(rel, 6 * MS, [a, b])
     assert acts.thaw == [0] and rel.frozen == []       # lead 2 ms: co-start
+
+
+def test_relaxed_credits_a_laggard_the_runs_no_poll_saw():
+    """A laggard seen queued at every poll that still ran in between (the
+    switcher's wake-up preempts a vCPU on its CPU) catches up by what it ran."""
+    a, b = Thread(0), Thread(1)
+    rel = Relaxed(2, costop_ns=3 * MS, costart_ns=2 * MS)
+    poll(rel, 0, [a, b])
+    for t in range(1, 5):
+        a.runs(MS)
+        poll(rel, t * MS, [a, b])
+    assert rel.frozen == [0]                           # lead 4 ms
+    b.ran_unseen(MS // 2)
+    assert poll(rel, 5 * MS, [a, b]).thaw == []        # 3.5 ms behind
+    b.ran_unseen(MS)
+    assert poll(rel, 6 * MS, [a, b]).thaw == []        # 2.5 ms behind
+    b.ran_unseen(3 * MS)                               # no more than the poll's interval counts
+    assert poll(rel, 7 * MS, [a, b]).thaw == [0]       # lead 1.5 ms: co-start
 
 
 def test_relaxed_an_idle_vcpu_does_not_lag():

@@ -84,7 +84,12 @@ change. Per poll, a vCPU
 ``relaxed`` (VMware ESX 4's relaxed co-scheduling)
     Each vCPU has a progress clock that advances while it runs or idles (an
     idle vCPU does not lag) and stops while it waits for a CPU or is
-    co-stopped (the state a poll sees holds until the next). A vCPU that blocks is caught up (it owes nothing). A vCPU's
+    co-stopped (the state a poll sees holds until the next). One seen waiting
+    is still credited the run time its counters gained since the last look:
+    runs no poll saw, such as those the switcher's own wake-up preempts on
+    its CPU (measured: a laggard that ran 24 ms in 500 ms, none of it seen,
+    kept its sibling co-stopped until ``max_stall_ms``). A vCPU that blocks
+    is caught up (it owes nothing). A vCPU's
     lead is its progress minus that of its slowest runnable sibling; it is
     co-stopped (its own cgroup frozen) when the lead passes ``costop-ms`` and
     co-started when the lead is back within ``costart-ms``. At least one
@@ -144,6 +149,7 @@ class _Vcpu:
     boost_picks: int = 0
     quiet_until: int = 0
     progress: int = 0
+    run_ns: int | None = None        # its run time at the last look
     frozen: bool = False
     wait_picks: int | None = None    # its switch-ins when the last look found it waiting
     held: int | None = None          # its switch-ins when a long wait of it was last held back
@@ -315,8 +321,10 @@ class Relaxed:
         self._at = now
         waited = _waiting(self.vcpus, seen)
         for v, s, w in zip(self.vcpus, seen, waited):
-            if not (w or v.frozen):
-                v.progress += dt
+            ran = s.run_ns - v.run_ns if v.run_ns is not None else 0
+            v.run_ns = s.run_ns
+            if not v.frozen:
+                v.progress += min(ran, dt) if w else dt
         front = max(v.progress for v in self.vcpus)
         for v, s in zip(self.vcpus, seen):
             if not s.runnable and not v.frozen:

@@ -436,7 +436,8 @@ def test_guest_destroyed_mid_slot_is_harmless(trio, tmp_path):
         alive = throughputs(gs[:2], 3.0)
         assert all(v > 0 for v in alive.values()), alive
         assert daemon.proc.poll() is None
-        assert daemon.status()["daemon"]["engine"]["forced_thaws"] == 0
+        forced = daemon.status()["daemon"]["engine"]["forced_thaws"]
+        assert forced == 0, [line for line in daemon.log.read_text().splitlines() if "force" in line]
     finally:
         assert daemon.stop() == 0
     log = daemon.log.read_text()
