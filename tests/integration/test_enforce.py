@@ -431,13 +431,16 @@ def test_guest_destroyed_mid_slot_is_harmless(trio, tmp_path):
         daemon.wait(lambda: (daemon.domain(victim.name) or {}).get("managed"), 10, "the relaxed guest managed")
         if rt_group_sched:
             assert open(machine).read() != before, "no RT runtime held: nothing to give back"
+        # from the destroy on: a co-stop held to max_stall_ms before it (its laggard starved) is relaxed's
+        mark = len(daemon.log.read_text())
         victim.destroy()
         daemon.wait(lambda: daemon.domain(victim.name) is None, 5, "the destroyed guest gone")
         alive = throughputs(gs[:2], 3.0)
         assert all(v > 0 for v in alive.values()), alive
         assert daemon.proc.poll() is None
-        forced = daemon.status()["daemon"]["engine"]["forced_thaws"]
-        assert forced == 0, [line for line in daemon.log.read_text().splitlines() if "force" in line]
+        harm = [line for line in daemon.log.read_text()[mark:].splitlines()
+                if "force-thawed" in line or "switcher-stalled" in line]
+        assert not harm, harm
     finally:
         assert daemon.stop() == 0
     log = daemon.log.read_text()
