@@ -227,8 +227,37 @@ def test_bcs_looks_at_a_guest_whose_vcpus_mostly_sleep_every_fourth_poll_at_most
     assert bcs.every == bcs.next_in == fastest
 
 
-def test_relaxed_looks_every_poll():
-    assert Relaxed(2, costop_ns=3 * MS, costart_ns=2 * MS, boost_ns=2 * MS, pause_ns=2 * MS).next_in == 1
+def test_relaxed_looks_sooner_as_a_lead_nears_costop_and_every_poll_while_it_costops():
+    """No later than half the time the largest lead needs to pass costop-ms."""
+    a, b = Thread(0), Thread(1)
+    rel = Relaxed(2, costop_ns=3 * MS, costart_ns=2 * MS, boost_ns=2 * MS, pause_ns=2 * MS, poll_ns=MS // 2)
+    assert rel.next_in == 1                            # not looked at yet
+    poll(rel, 0, [a, b])
+    assert rel.next_in == 3                            # no lead: 3 ms to go, looked at within 1.5 ms
+    a.runs(MS)
+    poll(rel, MS, [a, b])                              # a leads by 1 ms: 2 ms to go
+    assert rel.next_in == 2
+    a.runs(MS)
+    poll(rel, 2 * MS, [a, b])
+    assert rel.next_in == 1
+    for t in (3, 4):
+        a.runs(MS)
+        poll(rel, t * MS, [a, b])
+    assert rel.frozen == [0] and rel.next_in == 1      # co-stopped (and b boosted): every poll
+    assert Relaxed(2, 3 * MS, 2 * MS).next_in == 1     # no poll interval given: every poll
+
+
+def test_relaxed_a_vcpu_asleep_at_the_last_look_owes_nothing_for_the_time_since():
+    """Looked at 1.5 ms apart, a sibling that slept through most of it and
+    now waits has not lagged the one that ran."""
+    a, b = Thread(0), Thread(1)
+    rel = Relaxed(2, costop_ns=3 * MS, costart_ns=2 * MS, poll_ns=MS // 2)
+    b.sleeps()
+    poll(rel, 0, [a, b])
+    a.runs(3 * MS // 2)
+    b.waits()                                          # woke just before this look
+    poll(rel, 3 * MS // 2, [a, b])
+    assert rel.leads([a.seen(), b.seen()]) == [0, 0] and rel.next_in == 3
 
 
 # -- relaxed ---------------------------------------------------------------

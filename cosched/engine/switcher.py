@@ -414,7 +414,7 @@ class Switcher:
         n = len(m.vcpus)
         if cell.mode == "relaxed":
             rules = Relaxed(n, int(m.costop_ms * 1e6), int(m.costart_ms * 1e6), int(m.boost_ms * 1e6),
-                            int(m.pause_ms * 1e6), fresh_ns(m.boost_ms, self.share))
+                            int(m.pause_ms * 1e6), fresh_ns(m.boost_ms, self.share), WATCH_POLL_NS)
         else:
             rules = Bcs(n, int(m.boost_ms * 1e6), int(m.pause_ms * 1e6), fresh_ns(m.boost_ms, self.share))
         for i, v in enumerate(m.vcpus):      # returned from a deadline boost lately, here or by the daemon

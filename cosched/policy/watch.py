@@ -88,13 +88,17 @@ change. Per poll, a vCPU
     is still credited the run time its counters gained since the last look:
     runs no poll saw, such as those the switcher's own wake-up preempts on
     its CPU (measured: a laggard that ran 24 ms in 500 ms, none of it seen,
-    kept its sibling co-stopped until ``max_stall_ms``). A vCPU that blocks
-    is caught up (it owes nothing). A vCPU's
+    kept its sibling co-stopped until ``max_stall_ms``). A vCPU that blocks,
+    or was blocked at the last look, is caught up (it owes nothing). A vCPU's
     lead is its progress minus that of its slowest runnable sibling; it is
     co-stopped (its own cgroup frozen) when the lead passes ``costop-ms`` and
     co-started when the lead is back within ``costart-ms``. At least one
     vCPU is always left running: never all siblings frozen. With ``boost``,
     a waiting laggard is boosted as in BCS while a sibling is co-stopped.
+    A guest is looked at every poll while a vCPU is co-stopped or boosted;
+    otherwise no later than half the time its largest lead needs to pass
+    ``costop-ms`` (a lead grows no faster than the clock): with the
+    defaults, every third poll while no vCPU leads.
 """
 from __future__ import annotations
 
@@ -151,6 +155,7 @@ class _Vcpu:
     progress: int = 0
     run_ns: int | None = None        # its run time at the last look
     frozen: bool = False
+    awake: bool = False              # runnable at the last look (relaxed)
     wait_picks: int | None = None    # its switch-ins when the last look found it waiting
     held: int | None = None          # its switch-ins when a long wait of it was last held back
 
@@ -282,12 +287,12 @@ class Bcs:
 class Relaxed:
     """Relaxed co-scheduling of one guest (see the module doc)."""
 
-    next_in = 1              # looked at every poll: progress clocks advance by what each poll saw
-
     def __init__(self, n: int, costop_ns: int, costart_ns: int, boost_ns: int = 0, pause_ns: int = 0,
-                 period_ns: int = 0):
+                 period_ns: int = 0, poll_ns: int = 0):
         self.costop_ns = costop_ns
         self.costart_ns = costart_ns
+        self.poll_ns = poll_ns   # the poll's interval (0: look at every poll)
+        self.next_in = 1         # polls until the next look
         self.vcpus = [_Vcpu() for _ in range(n)]
         self.bcs = Bcs(n, boost_ns, pause_ns, period_ns) if boost_ns else None
         self._at: int | None = None
@@ -327,8 +332,9 @@ class Relaxed:
                 v.progress += min(ran, dt) if w else dt
         front = max(v.progress for v in self.vcpus)
         for v, s in zip(self.vcpus, seen):
-            if not s.runnable and not v.frozen:
-                v.progress = front                    # blocked: it owes nothing
+            if not v.frozen and not (s.runnable and v.awake):
+                v.progress = front                    # blocked now or at the last look: it owes nothing
+            v.awake = s.runnable
         out = Actions()
         leads = self.leads(seen)
         for i, v in enumerate(self.vcpus):
@@ -345,4 +351,8 @@ class Relaxed:
             # boost only laggards, and only while a sibling is held for them
             got = self.bcs.step(now, seen, room, waited=waited, trigger=bool(self.frozen))
             out.boost, out.unboost, out.held = got.boost, got.unboost, got.held
+        if self.frozen or (self.bcs is not None and self.bcs.boosted) or not self.poll_ns:
+            self.next_in = 1
+        else:
+            self.next_in = max(1, min(SLOWEST, (self.costop_ns - max(leads)) // (2 * self.poll_ns)))
         return out
