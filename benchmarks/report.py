@@ -78,6 +78,7 @@ def aggregate(res: dict) -> dict:
             "skew_ms": _mean([g["skew_mean_ms"] for g in gs]),
             "trace_skew_ms": _mean([g["trace"]["skew_mean_ms"] for g in gs if g.get("trace")]),
             "reconstructed": _mean([g["trace"].get("reconstructed") for g in gs if g.get("trace")]),
+            "together": _mean([g["trace"].get("together") for g in gs if g.get("trace")]),
             "episodes": _episodes([g["trace"]["episodes"] for g in gs if (g.get("trace") or {}).get("episodes")]),
             "truth_err_pp": _mean(errors),
             "truth_err_max_pp": max(errors) if errors else None,
@@ -209,7 +210,7 @@ def summary(res: dict, agg: dict | None = None) -> str:
             lines += ["", f"Over all {len(errs)} groups: mean error {mean(errs):.1f} points, worst single guest "
                           f"{max(worst):.1f} points. Lost trace events: "
                           f"{sum(a['overruns'] for a in agg.values())}."]
-        lines += reactions(agg, wls)
+        lines += reactions(agg, wls) + together(agg, wls, counts, modes)
     lines += spread(res) + targets(res, agg) + mixed(res) + phases(res)
     notes = sorted({n for a in agg.values() for n in a["notes"]})
     if notes:
@@ -256,6 +257,31 @@ def reactions(agg: dict, wls: list[str]) -> list[str]:
             "was counted).", ""] + \
         _table(["workload", "guests", "mode", "episode p50 ms", "episode p90 ms", "episodes > 1 ms",
                 "boosted within 1 ms", "reaction p50 ms", "boosts", *(f"held: {why}" for why in HELD)], rows)
+
+
+def together(agg: dict, wls: list[str], counts: list[int], modes: list[str]) -> list[str]:
+    """How much of the time a guest's vCPUs all ran at once, against the
+    throughput: a spin barrier among them is crossed only then."""
+    rows = []
+    for wl in wls:
+        alone = (agg.get((wl, 1, "alone")) or {}).get("together")
+        for n in counts:
+            cells = []
+            for m in modes:
+                a = agg.get((wl, n, m)) or {}
+                co = n * a["together"] / alone if alone and a.get("together") is not None else None
+                cells.append("-" if co is None or not a.get("of_ideal")
+                             else f"{_pct(co)} / {_pct(mean(a['of_ideal']))}")
+            if any(c != "-" for c in cells):
+                rows.append([wl, str(n), *cells])
+    if not rows:
+        return []
+    return ["", "### All vCPUs at once (trace)", "",
+            "Per cell: the time each guest had all its vCPUs on CPUs at once, summed over the guests, "
+            "relative to that of one guest alone (co-running of the ideal), and the throughput of the "
+            "ideal from the first table. A spin barrier among all vCPUs is crossed only while they "
+            "all run.", ""] + \
+        _table(["workload", "guests", *(f"{m} (co-run / throughput)" for m in modes)], rows)
 
 
 def observed_by(res: dict) -> str:

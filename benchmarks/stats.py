@@ -183,14 +183,16 @@ def timelines(events: list[Event], start: dict[int, str], t0: float, t1: float,
 
 
 def trace_figures(lines: dict[int, list[tuple[float, float, str]]]) -> dict:
-    """Exact hazard, partial-contention and per-thread run, wait and frozen time of one guest's vCPUs.
+    """Exact hazard, partial-contention and per-thread run, wait and frozen time of one guest's vCPUs,
+    and ``together``: the time every one of them was on a CPU at once (the
+    only time a spin barrier among all of them can be crossed).
 
     One sweep over every state change of every thread, in time order.
     """
     changes = [(b, tid, s) for b, _, tid, s in
                sorted((b, k, tid, s) for tid, iv in lines.items() for k, (b, _, s) in enumerate(iv))]
     end = max(e for iv in lines.values() for _, e, _ in iv)
-    hazard = partial = 0.0
+    hazard = partial = together = 0.0
     run = {tid: 0.0 for tid in lines}
     wait = {tid: 0.0 for tid in lines}
     frozen = {tid: 0.0 for tid in lines}
@@ -214,7 +216,9 @@ def trace_figures(lines: dict[int, list[tuple[float, float, str]]]) -> dict:
             hazard += dt
         elif waiting:
             partial += dt
-    return {"hazard": hazard, "partial": partial, "run": run, "wait": wait, "frozen": frozen}
+        if running == len(lines):
+            together += dt
+    return {"hazard": hazard, "partial": partial, "together": together, "run": run, "wait": wait, "frozen": frozen}
 
 
 def window_skews(lines: dict[int, list[tuple[float, float, str]]], t0: float, t1: float, width: float) -> list[float]:

@@ -468,7 +468,8 @@ def silent_states(before: dict, after: dict, span: float) -> dict[int, str]:
 
 def truth_figures(events, tids: set[int], t0: float, t1: float, silent: dict[int, str],
                   width: float = SKEW_WINDOW, calls: list | None = None) -> dict:
-    """Exact hazard fraction and mean skew over windows of ``width`` seconds of one guest from a trace,
+    """Exact hazard fraction, share of the interval all its vCPUs ran at once
+    (``together``) and mean skew over windows of ``width`` seconds of one guest from a trace,
     its hazard episodes and how soon boosts answered them (``calls``: see
     :func:`benchmarks.stats.episode_figures`), and ``reconstructed``: the
     share of its threads' time over the interval whose state no event showed
@@ -477,7 +478,7 @@ def truth_figures(events, tids: set[int], t0: float, t1: float, silent: dict[int
     f = trace_figures(lines)
     skews = window_skews(lines, t0, t1, width)
     span = t1 - t0
-    return {"hazard": f["hazard"] / span, "partial": f["partial"] / span,
+    return {"hazard": f["hazard"] / span, "partial": f["partial"] / span, "together": f["together"] / span,
             **{k: {t: v / span for t, v in f[k].items()} for k in ("run", "wait", "frozen")},
             "skew_mean_ms": 1000 * sum(skews) / len(skews) if skews else None,
             "episodes": episode_figures(hazard_episodes(lines, calls or [])),

@@ -45,6 +45,7 @@ def test_exact_hazard_and_partial_from_trace():
     f = trace_figures(synthetic())
     assert f["hazard"] == pytest.approx(4e-3)       # 0-4: one runs, one waits
     assert f["partial"] == pytest.approx(0.0)
+    assert f["together"] == pytest.approx(2e-3)     # 4-6: both run
     assert f["run"] == {1: pytest.approx(6e-3), 2: pytest.approx(6e-3)}
     assert f["wait"] == {1: 0.0, 2: pytest.approx(4e-3)}
 
@@ -182,6 +183,18 @@ def test_the_target_table_says_what_a_chooser_knowing_the_answer_would_get():
     row = [line for line in targets(res, {}) if line.startswith("| barrier")][0].split(" | ")
     assert row[3] == "partial 0.90–1.00 (not met)"          # gang: mean 0.90, partial: 0.95
     assert row[4] == "0.96–0.97 (met)"
+
+
+def test_co_running_is_summed_over_guests_against_one_guest_alone():
+    from benchmarks.report import aggregate, together
+    g = lambda rate, co: {"rate": rate, "iters": 10, "missed": 0, "hist": {}, "hazard": None, "skew_mean_ms": None,
+                          "trace": {"hazard": 0.0, "skew_mean_ms": None, "together": co}}
+    run = lambda n, mode, rate, co: {"workload": "barrier", "guests": n, "mode": mode, "valid": True, "ideal": 100.0,
+                                     "per_guest": {k: g(rate / n, co) for k in "ab"[:n]}, "daemon_cpu_pct": 1.0}
+    res = {"runs": [run(1, "alone", 100.0, 0.8), run(2, "gang", 90.0, 0.4), run(2, "relaxed", 10.0, 0.05)]}
+    rows = [r for r in together(aggregate(res), ["barrier"], [2], ["gang", "relaxed", "cfs"]) if r.startswith("| barrier")]
+    assert rows == ["| barrier | 2 | 100% / 90% | 12% / 10% | - |"]     # 2 x 0.4 / 0.8, 2 x 0.05 / 0.8
+    assert together(aggregate({"runs": [run(2, "gang", 90.0, 0.4)]}), ["barrier"], [2], ["gang"]) == []   # no alone
 
 
 def test_rates_per_second_and_the_spread_they_report():
