@@ -187,14 +187,19 @@ def test_the_target_table_says_what_a_chooser_knowing_the_answer_would_get():
 
 def test_co_running_is_summed_over_guests_against_one_guest_alone():
     from benchmarks.report import aggregate, together
-    g = lambda rate, co: {"rate": rate, "iters": 10, "missed": 0, "hist": {}, "hazard": None, "skew_mean_ms": None,
-                          "trace": {"hazard": 0.0, "skew_mean_ms": None, "together": co}}
-    run = lambda n, mode, rate, co: {"workload": "barrier", "guests": n, "mode": mode, "valid": True, "ideal": 100.0,
-                                     "per_guest": {k: g(rate / n, co) for k in "ab"[:n]}, "daemon_cpu_pct": 1.0}
-    res = {"runs": [run(1, "alone", 100.0, 0.8), run(2, "gang", 90.0, 0.4), run(2, "relaxed", 10.0, 0.05)]}
+    g = lambda rate, co, runs: {"rate": rate, "iters": 10, "missed": 0, "hist": {}, "hazard": None,
+                                "skew_mean_ms": None, "trace": {"hazard": 0.0, "skew_mean_ms": None, "together": co,
+                                                                "run": dict(enumerate(runs))}}
+    run = lambda n, mode, rate, co, runs: {"workload": "barrier", "guests": n, "mode": mode, "valid": True,
+                                           "ideal": 100.0, "per_guest": {k: g(rate / n, co, runs) for k in "ab"[:n]},
+                                           "daemon_cpu_pct": 1.0}
+    res = {"runs": [run(1, "alone", 100.0, 0.8, [0.9, 0.9]), run(2, "gang", 90.0, 0.4, [0.5, 0.4]),
+                    run(2, "relaxed", 10.0, 0.05, [0.5, 0.2])]}
     rows = [r for r in together(aggregate(res), ["barrier"], [2], ["gang", "relaxed", "cfs"]) if r.startswith("| barrier")]
-    assert rows == ["| barrier | 2 | 100% / 90% | 12% / 10% | - |"]     # 2 x 0.4 / 0.8, 2 x 0.05 / 0.8
-    assert together(aggregate({"runs": [run(2, "gang", 90.0, 0.4)]}), ["barrier"], [2], ["gang"]) == []   # no alone
+    # 2 x 0.4 / 0.8 co-run against 2 x 0.5 x 0.4 / 0.8 if independent; 2 x 0.05 / 0.8 against 2 x 0.1 / 0.8
+    assert rows == ["| barrier | 2 | gang | 90% | 100% | 50% | 2.00 |",
+                    "| barrier | 2 | relaxed | 10% | 12% | 25% | 0.50 |"]
+    assert together(aggregate({"runs": [run(2, "gang", 90.0, 0.4, [0.5, 0.4])]}), ["barrier"], [2], ["gang"]) == []
 
 
 def test_rates_per_second_and_the_spread_they_report():
