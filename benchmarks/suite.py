@@ -246,7 +246,10 @@ def mode_policy(mode: str) -> tuple[str, dict[str, str]]:
 
 
 def _param_text(value) -> str:
-    """A parameter as status shows it, written as in the annotation."""
+    """A parameter as status shows it, written as in the annotation (a
+    switch as ``true``/``false``: ``relaxed:boost=false``)."""
+    if isinstance(value, bool):
+        return str(value).lower()
     return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
 
 

@@ -298,3 +298,9 @@ def test_a_mode_names_a_preset_and_may_set_its_parameters():
     assert mode_policy("auto:allow=none+gang") == ("auto", {"allow": "none,gang"})
     with pytest.raises(argparse.ArgumentTypeError, match="boost:pause-ms"):
         _modes("boost:pause-ms")
+
+
+def test_a_mode_is_taken_up_when_status_shows_its_parameters_as_written():
+    from benchmarks.suite import _param_text
+    assert _param_text(False) == "false" and _param_text(True) == "true"      # relaxed:boost=false
+    assert _param_text(["none", "gang"]) == "none,gang" and _param_text(2.5) == "2.5"
