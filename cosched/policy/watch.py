@@ -94,7 +94,15 @@ change. Per poll, a vCPU
     co-stopped (its own cgroup frozen) when the lead passes ``costop-ms`` and
     co-started when the lead is back within ``costart-ms``. At least one
     vCPU is always left running: never all siblings frozen. With ``boost``,
-    a waiting laggard is boosted as in BCS while a sibling is co-stopped.
+    a waiting laggard is boosted as in BCS while a sibling is co-stopped,
+    and a vCPU again only a deadline boost's period after its last boost
+    began (``period_ns``; its boosts are SCHED_FIFO, which would allow
+    more). Relaxed bounds skew; it does not start vCPUs together: on a
+    spin barrier, crossed only while all of a guest's vCPUs run, its vCPUs
+    ran together as often as chance, and more laggard boosts (without that
+    period, or also while a running sibling led by more than
+    ``costart-ms``) kept them apart more (benchmarks/evidence/
+    barrier-co-running/ and relaxed-laggard-boosts/).
     A guest is looked at every poll while a vCPU is co-stopped or boosted;
     otherwise no later than half the time its largest lead needs to pass
     ``costop-ms`` (a lead grows no faster than the clock): with the
