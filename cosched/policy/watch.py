@@ -99,9 +99,9 @@ change. Per poll, a vCPU
     began (``period_ns``; its boosts are SCHED_FIFO, which would allow
     more). Relaxed bounds skew; it does not start vCPUs together: on a
     spin barrier, crossed only while all of a guest's vCPUs run, its vCPUs
-    ran together as often as chance, and more laggard boosts (without that
-    period, or also while a running sibling led by more than
-    ``costart-ms``) kept them apart more (benchmarks/evidence/
+    ran together about as often as chance, and more laggard boosts
+    (without that period, or also while a running sibling led by more
+    than ``costart-ms``) kept them apart more (benchmarks/evidence/
     barrier-co-running/ and relaxed-laggard-boosts/).
     A guest is looked at every poll while a vCPU is co-stopped or boosted;
     otherwise no later than half the time its largest lead needs to pass
