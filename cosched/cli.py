@@ -242,6 +242,7 @@ def _reset_offline(config: Config) -> list[str]:
 
     from cosched.actuators import journal as jr
     from cosched.actuators import knobs
+    from cosched.actuators.admission import settle
     from cosched.actuators.pinning import LibvirtPinner
     from cosched.hostfs import HostFS
 
@@ -260,7 +261,10 @@ def _reset_offline(config: Config) -> list[str]:
             pinner = LibvirtPinner(lambda: conn)
         except Exception as e:  # libvirt down: pinning stays journaled for the next try
             print(f"cosched reset: cannot reach libvirt at {config.connect}: {e}", file=sys.stderr)
-    return problems + jr.restore(journal, knobs(fs, pinner))
+    every = knobs(fs, pinner)
+    problems += jr.restore(journal, every)
+    problem = settle(fs, every["sched"])      # pinning put back as boosts were returned: see admission
+    return problems + ([problem] if problem else [])
 
 
 def _presets(config: Config):

@@ -131,6 +131,17 @@ class OpenFile:
             self.fd = None
 
 
+def cgroup_v1_mount(fs: HostFS, controller: str) -> str | None:
+    """Mount point of a v1 cgroup controller (``cpu``, ``cpuset``) on
+    hybrid and legacy hosts, from ``/proc/self/mountinfo``; None on pure v2 hosts."""
+    for line in (fs.read_or("/proc/self/mountinfo") or "").splitlines():
+        left, sep, right = line.partition(" - ")
+        parts = right.split()
+        if sep and len(parts) >= 3 and parts[0] == "cgroup" and controller in parts[2].split(","):
+            return left.split()[4]
+    return None
+
+
 def parse_cpu_list(text: str) -> tuple[int, ...]:
     """Parse the kernel's CPU list format (``0-3,8,10-11``)."""
     cpus: list[int] = []

@@ -133,7 +133,10 @@ def test_a_boosted_rotation_returns_threads_to_their_recorded_attributes(fake, f
         assert engine.stats().realtime is True
     finally:
         assert engine.release() == []
-    assert sched.attrs == originals
+    probes = {tid: attr for tid, attr in sched.attrs.items() if tid not in originals}
+    assert sched.attrs == {**originals, **probes}
+    # the admission check asked for no bandwidth on one thread of its own, and gave it its policy back
+    assert list(probes.values()) == [SchedAttr()]
     assert len(journal) == 0
 
 

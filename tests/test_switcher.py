@@ -724,3 +724,65 @@ def test_exit_fd_falls_back_to_the_process_pidfd_on_kernels_without_thread_pidfd
     finally:
         os.close(fd)
     assert HostFS(str(os.sep + "nonexistent")).exit_fd(1) is None            # a fake root: nothing to watch
+
+
+class FakeAdmission:
+    """The admission total's check answers in turn (then: right); repairs are counted."""
+
+    def __init__(self, *wrong):
+        self.answers, self.asked, self.repairs = list(wrong), 0, 0
+
+    def wrong(self):
+        self.asked += 1
+        return self.answers.pop(0) if self.answers else False
+
+    def repair(self):
+        self.repairs += 1
+        return None
+
+
+def test_the_admission_total_is_checked_after_releases_and_refusals_and_recounted_once_boosts_are_over(tmp_path):
+    """A check is due once bandwidth this switcher left counted has been
+    released since the last one, or a boost was refused, at most once a
+    second; a wrong total holds every boost back until none is held and
+    the releases are over, then it is recounted, and boosts start again."""
+    fs, clock, sched = tree(tmp_path), Clock(), FakeSched()
+    procs = Procs(fs, (100, 101))
+    admission = FakeAdmission(False, False, True)
+    sw = Switcher(fs, 500 * MS, sched=sched.knob(fs, clock, offset=lambda: 0), clock=clock, admission=admission)
+    sw.apply(watched("boost", replace(member("a"), boost_ms=2)))
+    knob = sw.sched
+
+    def at(ms):
+        clock.now = ms * MS
+        procs.runs(100)                              # 101 waits behind the running 100
+        sw.tick()
+    at(0)
+    assert admission.asked == 0                      # nothing released, nothing refused
+    knob._released = 5 * MS                          # a straight return, released at 5 ms
+    at(1)
+    assert admission.asked == 1
+    at(500)
+    assert admission.asked == 1                      # once a second at most
+    at(1100)
+    assert admission.asked == 2                      # what was pending at the last check is released now
+    at(2200)
+    assert admission.asked == 2                      # nothing new since
+    sched.fail["deadline"] = errno.EBUSY
+    boosts = lambda: sum(1 for tid, a in sched.calls if a.policy == "deadline")
+    before = boosts()
+    at(2201)
+    assert sw.take_stats().long_waits_held["refused"] >= 1 and admission.asked == 3
+    assert sw.settling is not None and admission.repairs == 0
+    del sched.fail["deadline"]
+    knob._deadline[999] = (0, SchedAttr())           # a boost still held: no recount yet, no new boost
+    knob._released = 2350 * MS                       # and one released at 2.35 s
+    at(2300)
+    assert admission.repairs == 0 and boosts() == before
+    del knob._deadline[999]
+    at(2340)
+    assert admission.repairs == 0 and boosts() == before
+    at(2360)
+    assert admission.repairs == 1 and sw.settling is None
+    at(2361)
+    assert boosts() > before                         # boosting again

@@ -9,6 +9,8 @@ runs) and ``placement`` (per-vCPU cgroups for guests that have none, as
 Proxmox VE's). Before its first write to anything, the engine records the original
 value in the :mod:`~cosched.actuators.journal`; ``cosched reset`` and the
 daemon's exit replay it. :func:`knobs` is the one list of them.
+``admission`` changes nothing that lasts: it checks the kernel's deadline
+admission total and has the kernel recount it when boosts left it wrong.
 """
 from __future__ import annotations
 

@@ -195,10 +195,15 @@ def thread_start(fs: HostFS, tid: int) -> int | None:
     return stat.start_time if stat else None
 
 
+CLOCK_PROBE = SchedAttr("deadline", runtime_ns=1_000_000, deadline_ns=100_000_000, period_ns=100_000_000)
+
+
 def kernel_clock_offset(fs: HostFS) -> int | None:
     """The kernel's scheduler clock (deadlines in ``/proc/TID/sched``) less
     ``CLOCK_MONOTONIC``, in ns (None if it cannot be measured): a thread of
-    this process takes a deadline reservation of 0.1% of a CPU, reads the
+    this process takes a deadline reservation of 1% of a CPU
+    (:data:`CLOCK_PROBE`: its bandwidth is released within its 100 ms
+    deadline, :meth:`SchedKnob.released_by`), reads the
     deadline the kernel gave it, and returns itself straight to its policy
     (on a run queue, as the caller of that return, so the kernel lets go of
     it; through the zero reservation it could wait for Python's lock
@@ -207,8 +212,7 @@ def kernel_clock_offset(fs: HostFS) -> int | None:
     differed by 0.5 ms after 12 hours on this host, and by 142 ms from
     ``CLOCK_MONOTONIC_RAW``: they drift apart, so the knob measures again
     every :data:`CLOCK_FRESH_NS`."""
-    probe, found = SchedAttr("deadline", runtime_ns=1_000_000, deadline_ns=1_000_000_000,
-                             period_ns=1_000_000_000), []
+    probe, found = CLOCK_PROBE, []
 
     def measure():
         tid = threading.get_native_id()
@@ -252,6 +256,7 @@ class SchedKnob:
         self._deadline: dict[int, tuple[int, SchedAttr]] = {}  # threads this knob made deadline threads ->
                                                                 # (their period's end, their reservation)
         self._quiet: dict[int, int] = {}     # thread -> until when a deadline reservation would inherit its last one
+        self._released = 0                   # when the last bandwidth this knob left counted is released
         self._offset = offset or (lambda: kernel_clock_offset(fs))
         self._offset_at: tuple[int, int | None] | None = None   # (measured when, kernel_clock_offset)
 
@@ -290,7 +295,9 @@ class SchedKnob:
             return False                     # asleep, or not readable
         budget, lag = shown[0], shown[1] - shown[0] * held.period_ns // held.runtime_ns   # to its zero-lag time
         if lag > LEAVE_MARGIN_NS or budget <= 0:
-            self._hold(tid, self.clock() + max(lag, 0) + LEAVE_MARGIN_NS)
+            until = self.clock() + max(lag, 0) + LEAVE_MARGIN_NS
+            self._hold(tid, until)
+            self._released = max(self._released, until)
             return True
         return False                         # with a budget it keeps through the zero reservation
 
@@ -324,6 +331,8 @@ class SchedKnob:
         now = self.clock()
         if self._offset_at is None or now - self._offset_at[0] > CLOCK_FRESH_NS:
             self._offset_at = (now, self._offset())
+            if self._offset_at[1] is not None:   # the probe returned straight: released by its deadline
+                self._released = max(self._released, self.clock() + CLOCK_PROBE.deadline_ns)
         return self._offset_at[1]
 
     def _ahead(self, deadline: int) -> int | None:
@@ -350,6 +359,19 @@ class SchedKnob:
         deadline may have been behind it (the module doc); a reservation
         before then would inherit the last one's budget and deadline."""
         return self._quiet.get(tid, 0)
+
+    def released_by(self) -> int:
+        """When (``clock`` ns) the kernel has let go of every deadline
+        bandwidth this knob's returns left counted: the zero-lag times of
+        its straight returns, and the deadline of its clock probe
+        (:func:`kernel_clock_offset`). A return through the zero reservation
+        leaves none. Until then a rebuild of the kernel's root domains makes
+        its admission total wrong (:mod:`cosched.actuators.admission`)."""
+        return self._released
+
+    def holding(self) -> bool:
+        """Whether a thread holds a deadline reservation this knob gave it."""
+        return bool(self._deadline)
 
     @staticmethod
     def key(tid: int, start_time: int) -> str:

@@ -3,20 +3,10 @@ from __future__ import annotations
 
 import re
 
-from cosched.hostfs import HostFS, parse_cpu_list
+from cosched.hostfs import HostFS, cgroup_v1_mount, parse_cpu_list
 from cosched.model import Host
 
 _NODE = re.compile(r"node(\d+)$")
-
-
-def cpu_v1_mount(fs: HostFS) -> str | None:
-    """Mount point of the v1 ``cpu`` controller (hybrid and legacy hosts)."""
-    for line in (fs.read_or("/proc/self/mountinfo") or "").splitlines():
-        left, sep, right = line.partition(" - ")
-        parts = right.split()
-        if sep and len(parts) >= 3 and parts[0] == "cgroup" and "cpu" in parts[2].split(","):
-            return left.split()[4]
-    return None
 
 
 def cgroup_layout(fs: HostFS) -> tuple[str, str | None]:
@@ -60,7 +50,7 @@ def read_host(fs: HostFS) -> Host:
     for cpu in online:
         node_of.setdefault(cpu, 0)
     mode, mount = cgroup_layout(fs)
-    cpu_mount = cpu_v1_mount(fs)
+    cpu_mount = cgroup_v1_mount(fs, "cpu")
     rt_group = cpu_mount is not None and fs.exists(f"{cpu_mount}/cpu.rt_runtime_us")
     return Host(cpus=online, core_of=core_of, node_of=node_of, cgroup=mode, cgroup2_mount=mount,
                 cpu_v1_mount=cpu_mount, rt_group_sched=rt_group)

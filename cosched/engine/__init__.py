@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from cosched.actuators import journal as jr
+from cosched.actuators.admission import settle
 from cosched.actuators import knobs
 from cosched.actuators.affinity import AffinityKnob
 from cosched.actuators.pinning import PinKnob, cpumap_for
@@ -125,6 +126,7 @@ class Engine:
         self._ready = False
         self._acks = threading.Condition()
         self._heard = 0.0                     # monotonic time of the switcher's last message
+        self._released_by = 0                 # a switcher's boosts' bandwidth all released by (Stats.released_by)
 
     def stats(self) -> EngineStats:
         """A private copy of the switcher's accumulated figures, safe to read without a lock."""
@@ -456,6 +458,7 @@ class Engine:
             # pinning goes too: pinned vCPUs that no rotation freezes can starve the host's own
             # tasks, the switcher about to be started among them
             self._restore(kinds=("sched", "freeze", "rt", "pin", "affinity"))
+            self._settle()
         if now:
             self.resync()
 
@@ -518,6 +521,7 @@ class Engine:
                 s.costops[key] = s.costops.get(key, 0) + t.costops
                 s.boosts[key] = s.boosts.get(key, 0) + t.boosts
             s.forced_thaws += msg.forced_thaws
+            self._released_by = max(self._released_by, msg.released_by)
             s.long_waits_held.update(msg.long_waits_held)
             s.errors.extend(msg.errors)
             s.active = dict(msg.active)
@@ -547,6 +551,14 @@ class Engine:
             log.error("action=restore-failed %s", problem)
         return problems
 
+    def _settle(self) -> list[str]:
+        """Once the boosts' bandwidth is released, see that the kernel's
+        deadline admission total is right, recounting it if not
+        (:func:`cosched.actuators.admission.settle`): boosts returned while
+        pinning went back can leave it wrong for every program on the host."""
+        problem = settle(self.fs, self.sched, self._released_by)
+        return [problem] if problem else []
+
     def recover(self) -> None:
         """At start: undo whatever a previous daemon left in the journal."""
         for damage in self.journal.damage:
@@ -555,6 +567,7 @@ class Engine:
         if len(self.journal):
             log.warning("action=recover entries=%d (a previous daemon did not exit cleanly)", len(self.journal))
             self._restore()
+            self._settle()
 
     def release(self) -> list[str]:
         """Stop managing: pinning back first (while guests still take turns),
@@ -563,7 +576,8 @@ class Engine:
             problems = self._restore(kinds=("pin", "affinity"))
             self._stop_switcher()
             self._sent = None
-            return problems + self._restore()
+            problems += self._restore()
+            return problems + self._settle()
 
     def pause(self) -> list[str]:
         """``cosched reset`` with a running daemon: restore and stop managing."""

@@ -103,6 +103,7 @@ class Stats:
     active: dict[str, str] = field(default_factory=dict)        # cell -> uuid of the member in its slot
     boost_failed: dict[str, str] = field(default_factory=dict)  # cell -> why it runs freeze-only
     released: bool = False
+    released_by: int = 0                    # CLOCK_MONOTONIC ns: its boosts' bandwidth all let go of (SchedKnob.released_by)
     type: str = "stats"
 
 

@@ -37,6 +37,15 @@ switch-outs (``/proc/TID/status``: whether it is on a CPU), read through
 descriptors kept open (as are the cgroups' ``cgroup.freeze`` and ``cgroup.events``);
 the rules of :mod:`cosched.policy.watch` say whom to boost, co-stop or
 co-start. A watched boost is SCHED_DEADLINE (see :func:`boost_attr`).
+
+The kernel's deadline admission total goes wrong when it rebuilds its root
+domains while a boost's bandwidth is pending release (a cpuset change:
+pinning, a guest started or stopped; :mod:`cosched.actuators.admission`),
+and then refuses every deadline request on the host. The switcher checks
+it at most every :data:`ADMISSION_CHECK_NS`, after its boosts' bandwidth
+was released or once a boost is refused; when it is wrong, it starts no
+boost until its boosts have ended and their bandwidth is released (at
+most :data:`SETTLE_MAX_NS`), then has the kernel recount it.
 """
 from __future__ import annotations
 
@@ -52,6 +61,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
+from cosched.actuators.admission import SETTLE_MAX_NS, Admission
 from cosched.actuators.freezer import Freezer
 from cosched.actuators.journal import GONE
 from cosched.actuators.rt_runtime import RtGrants
@@ -73,6 +83,7 @@ FAIR_SERVER_SHARE = 0.05      # the deadline server that keeps CFS tasks running
 FD_SETSIZE = 1024             # select(2) takes descriptors below this (the loop's timer needs its microseconds)
 STILL_WAIT_S = 0.002         # a vCPU kept still for a return from a boost: it freezes in about 0.1 ms
 FREEZE_WAIT_S = 0.05         # a TCG vCPU freezes in about 0.1 ms; 64 spinning ones on 2 CPUs in under 4 ms
+ADMISSION_CHECK_NS = 1_000_000_000   # the deadline admission total is checked at most this often
 
 
 def boost_attr(boost_ms: float, share: float = MAX_SHARE) -> SchedAttr:
@@ -223,11 +234,13 @@ class Switcher:
     """The slot tables of every cell, turned into freeze/thaw and boosts.
 
     ``sched`` applies scheduling attributes (a :class:`SchedKnob`, or a
-    test's fake with the same ``apply``); ``clock`` gives monotonic ns.
+    test's on fake system calls); ``clock`` gives monotonic ns;
+    ``admission`` checks and recounts the kernel's deadline admission total
+    (an :class:`Admission` through ``sched``'s system call by default).
     """
 
     def __init__(self, fs: HostFS, max_stall_ns: int, rt_top_us: int | None = None,
-                 sched=None, clock: Callable[[], int] = time.monotonic_ns):
+                 sched=None, clock: Callable[[], int] = time.monotonic_ns, admission: Admission | None = None):
         self.fs = fs
         self.max_stall_ns = max_stall_ns
         self.rt_top_us = rt_top_us
@@ -247,6 +260,11 @@ class Switcher:
         self.share = boost_share(fs)                 # of a CPU, per boost
         self.next_poll: int | None = None
         self._turn = 0                               # which watched guest a poll serves first
+        self.admission = admission if admission is not None else Admission(fs, put=self.sched.set)
+        self._checked = 0                            # releases up to here are covered by a check
+        self._next_check = 0                         # no check before (monotonic ns)
+        self._refused = False                        # a boost was refused since the last check
+        self.settling: int | None = None             # since when no boost starts: the total is wrong
 
     # -- errors never stop the loop --------------------------------------
     def _error(self, message: str) -> None:
@@ -476,8 +494,10 @@ class Switcher:
                 return False
             if e.errno == errno.EBUSY:
                 # deadline admission control is full for now (other deadline tasks, or an
-                # old boost's bandwidth not yet released): skip this one, not the guest
+                # old boost's bandwidth not yet released), or its total is wrong: skip this one,
+                # not the guest, and have the total checked
                 self.counters.held["refused"] += 1
+                self._refused = True
                 return False
             if isinstance(w.rules, Bcs) and not w.fifo:
                 w.fifo = True                 # its SCHED_FIFO fallback needs RT runtime: granted from now on
@@ -503,8 +523,8 @@ class Switcher:
 
     def poll(self, now: int) -> None:
         """One look at every watched vCPU, and the rules' answer carried out."""
-        room = self.max_boosted - sum(1 for w in self.watched.values() for k in w.keys
-                                      if k in self.vstate and self.vstate[k].boosted)
+        room = 0 if self.settling is not None else self.max_boosted - sum(
+            1 for w in self.watched.values() for k in w.keys if k in self.vstate and self.vstate[k].boosted)
         order = list(self.watched.values())          # each poll another guest first: the room is shared
         self._turn = (self._turn + 1) % len(order) if order else 0
         for w in order[self._turn:] + order[:self._turn]:
@@ -690,9 +710,30 @@ class Switcher:
         if self.next_poll is not None and now >= self.next_poll:
             self.poll(now)
             self.next_poll = min(w.due for w in self.watched.values())   # from now: no catch-up burst when late
+        self._check_admission(now)
         deadlines = [c.deadline for c in self.cells.values() if c.deadline is not None] + (
             [self.next_poll] if self.next_poll is not None else [])
         return min(deadlines) if deadlines else None
+
+    def _check_admission(self, now: int) -> None:
+        """Check the deadline admission total when due (the module doc), and
+        recount it once nothing of this switcher's is pending release."""
+        released = self.sched.released_by()
+        if self.settling is None:
+            if not (self._refused or released > self._checked) or now < self._next_check:
+                return
+            self._refused, self._checked, self._next_check = False, min(released, now), now + ADMISSION_CHECK_NS
+            if self.admission.wrong():
+                self.settling = now
+                log.warning("action=boosts-held reason='deadline admission total wrong (a reservation of no "
+                            "bandwidth refused)': recounted once the boosts' bandwidth is released")
+            return
+        if (self.sched.holding() or now < released) and now - self.settling < SETTLE_MAX_NS:
+            return
+        self.settling = None
+        problem = self.admission.repair()
+        if problem:
+            self._error(problem)
 
     def release_all(self) -> None:
         now = self.clock()
@@ -723,7 +764,7 @@ class Switcher:
                                    c.boosts.get((uuid, vcpu), 0)) for uuid, vcpu in vcpus),
             forced_thaws=c.forced_thaws, long_waits_held=dict(c.held), errors=tuple(c.errors),
             active={cell.id: cell.members[cell.active].uuid for cell in self.cells.values() if cell.members},
-            boost_failed=failed, released=released)
+            boost_failed=failed, released=released, released_by=self.sched.released_by())
 
 
 def serve(sw: Switcher, rfd: int, write: Callable[[str], None], realtime: bool,

@@ -1,0 +1,192 @@
+"""The kernel's deadline admission total: see when it is wrong, and recount it.
+
+The kernel adds the bandwidth of every SCHED_DEADLINE thread to its root
+domain's admission total (``dl_bw->total_bw``) and refuses (EBUSY) a
+request that would take the total past the cap (95% of the CPUs by
+default). Two things make that total wrong on a host where cosched boosts:
+
+* When it rebuilds its root domains, the kernel counts the total afresh
+  from the threads that are SCHED_DEADLINE at that moment. A thread that
+  has left SCHED_DEADLINE with its bandwidth still counted (a boost
+  returned *straight*: :mod:`cosched.actuators.sched`, until its zero-lag
+  time) is not among them, yet its bandwidth is still subtracted when its
+  time comes: the total drops below what is there and, with nothing else
+  to hold it up, below zero, where the unsigned total wraps. From then on
+  every deadline request on the host is refused, cosched's boosts and any
+  other program's, until the next rebuild, after cosched has stopped too.
+  On hosts with the v1 ``cpuset`` controller (hybrid and legacy cgroups)
+  every change of a load-balanced cpuset's CPUs rebuilds: libvirt pinning
+  a vCPU (cosched's own pinning, at every mode switch to or from a
+  pinning policy), a guest started or stopped. Measured on this kernel
+  (6.18), a thread of a test process returned straight from a 200 ms per
+  1 s reservation after running 300 ms, then one cpuset write: the total
+  went from 314571 to 104856 (the CPUs' fair servers) and half a second
+  later to -104859, the reservation's 209715 subtracted twice; a zero
+  bandwidth request was refused from then on
+  (``benchmarks/evidence/boost-admission-underflow/``: in a benchmark,
+  every boost of a whole run refused after mode switches re-pinned vCPUs
+  while other guests boosted).
+* A thread that leaves while asleep after its zero-lag time keeps its
+  bandwidth counted for good (:mod:`cosched.actuators.sched`, which avoids
+  it for its own boosts).
+
+:meth:`Admission.wrong` tells: a request for no bandwidth at all
+(:func:`~cosched.actuators.sched.zero_bandwidth`, 0 in the kernel's fixed
+point) is refused only when the total is already past the cap, which
+admission never lets happen while the count is right, and always when it
+wrapped. It is made for a thread of this process kept asleep, so that it
+never runs under that reservation (a running thread would spend its
+1,024 ns at once and wait seconds for the next), and returned at once.
+
+:meth:`Admission.recount` makes the kernel count again: a cpuset of
+cosched's own (:data:`RECOUNT_DIR`, directly under the v1 cpuset root) is
+given every CPU, then none, and removed. Measured on this kernel with a
+wrapped total: making the directory does not rebuild, writing its CPUs
+rebuilds at once (the total was right again on return), emptying them and
+removing the emptied directory do not (removing one that still has CPUs
+does, some 50 ms later, from a work queue: too late to know what it
+counts). So a recount is one rebuild, done when the write returns. It is
+right only if no thread of this host has bandwidth pending release at
+that moment: the switcher recounts once its boosts have ended and their
+releases are over (:meth:`~cosched.actuators.sched.SchedKnob.released_by`).
+Nothing of it outlives the call; a directory left by a process killed
+between the two (:meth:`Admission.cleanup`) goes at the next recount, at
+the daemon's start and at ``cosched reset``.
+
+On a pure cgroup v2 host an ordinary cpuset change does not rebuild root
+domains (only cpuset partitions do, which cosched does not touch), so the
+first cause does not arise from pinning; cosched cannot recount there, and
+says so when it sees the total wrong.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import threading
+import time
+
+from cosched.actuators.sched import SchedAttr, set_attr, zero_bandwidth
+from cosched.hostfs import HostFS, cgroup_v1_mount
+from cosched.kernel import parse_stat
+
+log = logging.getLogger("cosched.admission")
+
+RECOUNT_DIR = "cosched-recount"
+ASLEEP_WAIT_S = 0.05        # a new thread blocks on its event within microseconds
+SETTLE_MAX_NS = 1_000_000_000   # the longest wait for released bandwidth (a boost's: milliseconds)
+
+
+class Admission:
+    """Check the kernel's deadline admission total, and recount it.
+
+    ``put`` gives a thread scheduling attributes (``set_attr``, or a
+    test's fake: no test changes a real thread's policy); ``mount`` is the
+    v1 cpuset hierarchy's mount point (found from ``/proc/self/mountinfo``
+    when not given; None: there is none).
+    """
+
+    def __init__(self, fs: HostFS, put=None, mount: str | None = "", sleep=time.sleep):
+        self.fs = fs
+        self.put = put or set_attr
+        self.mount = cgroup_v1_mount(fs, "cpuset") if mount == "" else mount
+        self.sleep = sleep
+
+    def wrong(self) -> bool | None:
+        """True when the kernel refuses a deadline reservation of no
+        bandwidth (its total is past the cap: wrong); False when it grants
+        it; None when that cannot be asked (not allowed, no such call)."""
+        asleep, tid = threading.Event(), []
+        helper = threading.Thread(target=lambda: (tid.append(threading.get_native_id()), asleep.wait()),
+                                  name="cosched-admission", daemon=True)
+        helper.start()
+        try:
+            waited = 0.0
+            while (not tid or not self._asleep(tid[0])) and waited < ASLEEP_WAIT_S:
+                self.sleep(0.0005)
+                waited += 0.0005
+            if not tid:
+                return None
+            try:
+                self.put(tid[0], zero_bandwidth(self.fs))
+            except OSError as e:
+                return True if e.errno == errno.EBUSY else None
+            try:
+                self.put(tid[0], SchedAttr())
+            except OSError:
+                pass                        # it holds no bandwidth, and exits below
+            return False
+        finally:
+            asleep.set()
+            helper.join()
+
+    def _asleep(self, tid: int) -> bool:
+        stat = parse_stat(self.fs.read_or(f"/proc/{os.getpid()}/task/{tid}/stat") or "")
+        return stat is None or stat.state == "S"      # not readable (a fake root): nothing to wait for
+
+    def recount(self) -> None:
+        """Make the kernel count its deadline admission total again (the
+        module doc says how, and when it is right). OSError when it cannot:
+        no v1 cpuset hierarchy, or the cpuset refused."""
+        if self.mount is None:
+            raise OSError(errno.EOPNOTSUPP, "no v1 cpuset hierarchy (cgroup v2 only): only a cpuset partition change "
+                                            "or a reboot recounts it")
+        path = f"{self.mount}/{RECOUNT_DIR}"
+        self.cleanup()
+        cpus = (self.fs.read_or(f"{self.mount}/cpuset.effective_cpus") or self.fs.read_or(
+            f"{self.mount}/cpuset.cpus") or "").strip()
+        self.fs.mkdir(path)
+        try:
+            self.fs.write(f"{path}/cpuset.cpus", cpus)
+        finally:
+            self._remove(path)
+
+    def _remove(self, path: str) -> None:
+        try:
+            self.fs.write(f"{path}/cpuset.cpus", "\n")    # removed with CPUs it would rebuild again, later
+        finally:
+            self.fs.rmdir(path)
+
+    def cleanup(self) -> None:
+        """Remove a recount directory a killed process left (empty: no task is ever put in it)."""
+        if self.mount is not None and self.fs.exists(f"{self.mount}/{RECOUNT_DIR}"):
+            self._remove(f"{self.mount}/{RECOUNT_DIR}")
+            log.info("action=removed-leftover path=%s/%s", self.mount, RECOUNT_DIR)
+
+    def repair(self) -> str | None:
+        """Check the total and, if it is wrong, recount it and check again.
+        Call it only when no deadline bandwidth of cosched's is pending
+        release. Returns what is still wrong (None: nothing), logged."""
+        if not self.wrong():
+            return None
+        log.warning("action=admission-wrong reason='the kernel refuses a deadline reservation of no bandwidth: its "
+                    "admission total is wrong, and every deadline request on the host is refused'")
+        try:
+            self.recount()
+        except OSError as e:
+            problem = f"deadline admission refuses every request and cannot be recounted: {e.strerror or e}"
+            log.error("action=admission-recount-failed error=%r", problem)
+            return problem
+        if self.wrong():
+            problem = "deadline admission still refuses every request after a recount (another program's " \
+                      "deadline thread may hold its bandwidth, or left some pending)"
+            log.error("action=admission-recount-failed error=%r", problem)
+            return problem
+        log.warning("action=admission-recounted")
+        return None
+
+
+def settle(fs: HostFS, sched, until: int = 0, sleep=time.sleep) -> str | None:
+    """After cosched's last deadline return: wait until the kernel has let
+    go of the bandwidth its returns left counted (``until``, a switcher's
+    :meth:`~cosched.actuators.sched.SchedKnob.released_by`, and ``sched``'s
+    own, on its clock; :data:`SETTLE_MAX_NS` at most), then check the total
+    and recount it if it is wrong (:meth:`Admission.repair`): a pinning
+    change made meanwhile (the daemon's exit and ``cosched reset`` put
+    pinning back) must not leave it wrong after cosched has gone."""
+    admission = Admission(fs, put=sched.set, sleep=sleep)
+    admission.cleanup()
+    wait = min(max(until, sched.released_by()) - sched.clock(), SETTLE_MAX_NS)
+    if wait > 0:
+        sleep(wait / 1e9)
+    return admission.repair()
