@@ -14,21 +14,25 @@ CPUSET = "/sys/fs/cgroup/cpuset"
 
 
 class Calls:
-    """``set_attr`` on a fake: answers ``errno`` (or None: granted) in turn, and notes each call."""
+    """``set_attr`` on a fake: answers requests for deadline reservations
+    with ``errno`` (or None: granted) in turn, and notes each call."""
 
     def __init__(self, *answers):
         self.answers, self.calls = list(answers), []
 
-    def __call__(self, tid, attr):
-        self.calls.append((tid, attr, _state(tid)))
-        answer = self.answers.pop(0) if self.answers else None
+    def __call__(self, pid, attr):
+        self.calls.append((pid, attr, _state(pid)))
+        answer = self.answers.pop(0) if self.answers and attr.policy == "deadline" else None
         if answer is not None:
             raise OSError(answer, os.strerror(answer))
 
 
-def _state(tid):
-    with open(f"/proc/{os.getpid()}/task/{tid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0]
+def _state(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return None
 
 
 class CgroupFS(HostFS):
@@ -62,16 +66,22 @@ def cgfs(tmp_path):
     return CgroupFS(tmp_path)
 
 
-def test_a_total_past_the_cap_refuses_a_request_for_no_bandwidth_on_a_sleeping_thread_of_its_own():
+def test_a_total_past_the_cap_refuses_a_request_for_no_bandwidth_on_a_sleeping_child_of_its_own():
     fs = HostFS("/")
     for answer, wrong in ((errno.EBUSY, True), (None, False), (errno.EPERM, None)):
         put = Calls(answer)
-        assert Admission(fs, put=put, mount=None).wrong() is wrong
-        tid, attr, state = put.calls[0]
-        assert tid != threading.get_native_id()           # _state read it among this process's threads
-        assert (attr, state) == (zero_bandwidth(fs), "S")    # asleep: it never runs under that reservation
+        admission = Admission(fs, put=put, mount=None)
+        assert admission.wrong() is wrong
+        child = admission._child.pid
+        assert put.calls[0][:2] == (child, SchedAttr())    # started with the ordinary policy
+        pid, attr, state = put.calls[1]
+        assert (pid, attr, state) == (child, zero_bandwidth(fs), "S")   # asleep: it never runs under it
+        assert open(f"/proc/{child}/stat").read().split()[3] == str(os.getpid())
         # granted: given its policy back at once; refused: nothing more asked
-        assert [a for _, a, _ in put.calls[1:]] == ([SchedAttr()] if answer is None else [])
+        assert [a for _, a, _ in put.calls[2:]] == ([SchedAttr()] if answer is None else [])
+        assert admission.wrong() is False and [c[0] for c in put.calls] == [child] * len(put.calls)   # kept
+        admission.close()
+        assert _state(child) is None                     # gone with its pipe
 
 
 def test_a_recount_is_one_cpuset_write_of_every_cpu_then_none_then_the_directory_goes(cgfs):

@@ -34,9 +34,12 @@ default). Two things make that total wrong on a host where cosched boosts:
 (:func:`~cosched.actuators.sched.zero_bandwidth`, 0 in the kernel's fixed
 point) is refused only when the total is already past the cap, which
 admission never lets happen while the count is right, and always when it
-wrapped. It is made for a thread of this process kept asleep, so that it
-never runs under that reservation (a running thread would spend its
-1,024 ns at once and wait seconds for the next), and returned at once.
+wrapped. It is made for a child process of cosched's own kept asleep
+(``cat``, reading a pipe only cosched writes to, so it exits with
+cosched), and returned at once: a thread of cosched's own process could
+be asleep waiting for Python's lock, take it as the call releases it,
+spend the reservation's 1,024 ns at once and keep the lock until its next
+period, seconds later (a first version so stalled the switcher for 2.8 s).
 
 :meth:`Admission.recount` makes the kernel count again: a cpuset of
 cosched's own (:data:`RECOUNT_DIR`, directly under the v1 cpuset root) is
@@ -62,8 +65,7 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
-import threading
+import subprocess
 import time
 
 from cosched.actuators.sched import SchedAttr, set_attr, zero_bandwidth
@@ -73,7 +75,7 @@ from cosched.kernel import parse_stat
 log = logging.getLogger("cosched.admission")
 
 RECOUNT_DIR = "cosched-recount"
-ASLEEP_WAIT_S = 0.05        # a new thread blocks on its event within microseconds
+ASLEEP_WAIT_S = 0.5         # a new ``cat`` blocks reading its pipe within milliseconds
 SETTLE_MAX_NS = 1_000_000_000   # the longest wait for released bandwidth (a boost's: milliseconds)
 
 
@@ -91,38 +93,54 @@ class Admission:
         self.put = put or set_attr
         self.mount = cgroup_v1_mount(fs, "cpuset") if mount == "" else mount
         self.sleep = sleep
+        self._child: subprocess.Popen | None = None
 
     def wrong(self) -> bool | None:
         """True when the kernel refuses a deadline reservation of no
         bandwidth (its total is past the cap: wrong); False when it grants
         it; None when that cannot be asked (not allowed, no such call)."""
-        asleep, tid = threading.Event(), []
-        helper = threading.Thread(target=lambda: (tid.append(threading.get_native_id()), asleep.wait()),
-                                  name="cosched-admission", daemon=True)
-        helper.start()
+        pid = self._asleep()
+        if pid is None:
+            return None
         try:
-            waited = 0.0
-            while (not tid or not self._asleep(tid[0])) and waited < ASLEEP_WAIT_S:
-                self.sleep(0.0005)
-                waited += 0.0005
-            if not tid:
+            self.put(pid, zero_bandwidth(self.fs))
+        except OSError as e:
+            return True if e.errno == errno.EBUSY else None
+        try:
+            self.put(pid, SchedAttr())
+        except OSError:
+            pass                            # it holds no bandwidth, and exits with cosched
+        return False
+
+    def _asleep(self) -> int | None:
+        """The PID of the child kept asleep for :meth:`wrong` (started on
+        first use, given the ordinary policy), once it sleeps; None if it
+        cannot be started."""
+        if self._child is None or self._child.poll() is not None:
+            try:
+                self._child = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                               stderr=subprocess.DEVNULL)
+            except OSError:
                 return None
             try:
-                self.put(tid[0], zero_bandwidth(self.fs))
-            except OSError as e:
-                return True if e.errno == errno.EBUSY else None
-            try:
-                self.put(tid[0], SchedAttr())
+                self.put(self._child.pid, SchedAttr())     # not the caller's realtime policy
             except OSError:
-                pass                        # it holds no bandwidth, and exits below
-            return False
-        finally:
-            asleep.set()
-            helper.join()
+                pass
+        waited = 0.0
+        while waited < ASLEEP_WAIT_S:
+            stat = parse_stat(self.fs.read_or(f"/proc/{self._child.pid}/stat") or "")
+            if stat is None or stat.state == "S":        # not readable (a fake root): nothing to wait for
+                break
+            self.sleep(0.001)
+            waited += 0.001
+        return self._child.pid
 
-    def _asleep(self, tid: int) -> bool:
-        stat = parse_stat(self.fs.read_or(f"/proc/{os.getpid()}/task/{tid}/stat") or "")
-        return stat is None or stat.state == "S"      # not readable (a fake root): nothing to wait for
+    def close(self) -> None:
+        """End the child kept for :meth:`wrong`."""
+        child, self._child = self._child, None
+        if child is not None:
+            child.stdin.close()
+            child.wait()
 
     def recount(self) -> None:
         """Make the kernel count its deadline admission total again (the
@@ -189,4 +207,7 @@ def settle(fs: HostFS, sched, until: int = 0, sleep=time.sleep) -> str | None:
     wait = min(max(until, sched.released_by()) - sched.clock(), SETTLE_MAX_NS)
     if wait > 0:
         sleep(wait / 1e9)
-    return admission.repair()
+    try:
+        return admission.repair()
+    finally:
+        admission.close()

@@ -42,8 +42,9 @@ The kernel's deadline admission total goes wrong when it rebuilds its root
 domains while a boost's bandwidth is pending release (a cpuset change:
 pinning, a guest started or stopped; :mod:`cosched.actuators.admission`),
 and then refuses every deadline request on the host. The switcher checks
-it at most every :data:`ADMISSION_CHECK_NS`, after its boosts' bandwidth
-was released or once a boost is refused; when it is wrong, it starts no
+it after its boosts' bandwidth was released (at most every
+:data:`ADMISSION_CHECK_NS`) and after a boost was refused (at most every
+:data:`REFUSED_CHECK_NS`); when it is wrong, it starts no
 boost until its boosts have ended and their bandwidth is released (at
 most :data:`SETTLE_MAX_NS`), then has the kernel recount it.
 """
@@ -83,7 +84,8 @@ FAIR_SERVER_SHARE = 0.05      # the deadline server that keeps CFS tasks running
 FD_SETSIZE = 1024             # select(2) takes descriptors below this (the loop's timer needs its microseconds)
 STILL_WAIT_S = 0.002         # a vCPU kept still for a return from a boost: it freezes in about 0.1 ms
 FREEZE_WAIT_S = 0.05         # a TCG vCPU freezes in about 0.1 ms; 64 spinning ones on 2 CPUs in under 4 ms
-ADMISSION_CHECK_NS = 1_000_000_000   # the deadline admission total is checked at most this often
+ADMISSION_CHECK_NS = 1_000_000_000   # the deadline admission total is checked at most this often after releases,
+REFUSED_CHECK_NS = 100_000_000       # and this often after refused boosts (a check costs about 0.2 ms)
 
 
 def boost_attr(boost_ms: float, share: float = MAX_SHARE) -> SchedAttr:
@@ -262,7 +264,7 @@ class Switcher:
         self._turn = 0                               # which watched guest a poll serves first
         self.admission = admission if admission is not None else Admission(fs, put=self.sched.set)
         self._checked = 0                            # releases up to here are covered by a check
-        self._next_check = 0                         # no check before (monotonic ns)
+        self._last_check = -ADMISSION_CHECK_NS       # when the total was last checked (monotonic ns)
         self._refused = False                        # a boost was refused since the last check
         self.settling: int | None = None             # since when no boost starts: the total is wrong
 
@@ -720,9 +722,10 @@ class Switcher:
         recount it once nothing of this switcher's is pending release."""
         released = self.sched.released_by()
         if self.settling is None:
-            if not (self._refused or released > self._checked) or now < self._next_check:
+            if not (self._refused and now >= self._last_check + REFUSED_CHECK_NS
+                    or released > self._checked and now >= self._last_check + ADMISSION_CHECK_NS):
                 return
-            self._refused, self._checked, self._next_check = False, min(released, now), now + ADMISSION_CHECK_NS
+            self._refused, self._checked, self._last_check = False, min(released, now), now
             if self.admission.wrong():
                 self.settling = now
                 log.warning("action=boosts-held reason='deadline admission total wrong (a reservation of no "
@@ -743,6 +746,7 @@ class Switcher:
         self.rt.release_all()
         self._watch_exits([])
         self.freezer.close()
+        self.admission.close()
         self.cells, self.watched, self.next_poll = {}, {}, None
 
     def take_stats(self, released: bool = False) -> pr.Stats:

@@ -6,6 +6,7 @@ one (``os.sched_setscheduler``, ``os.sched_setparam``, ``os.sched_setaffinity``
 and ``set_attr`` in :mod:`cosched.actuators.sched`, the one place that calls
 ``sched_setattr``)
 and refuses, with EPERM, any target that is neither the calling process itself
+(its threads, and child processes it started: the admission check's ``cat``)
 nor a vCPU thread of a test guest (a QEMU process whose ``-name`` names a
 guest ``cosched-*``). Each refusal is appended to ``$COSCHED_TEST_GUARD_LOG``,
 and the test during which a line appeared fails (``tests/conftest.py``). The
@@ -43,6 +44,8 @@ def allowed(tid: int) -> str | None:
     """None when a scheduling change may reach ``tid``, else why not."""
     if tid == 0 or tid == os.getpid() or os.path.exists(f"/proc/{os.getpid()}/task/{tid}"):
         return None                                   # the caller itself (the switcher raising itself)
+    if _field(tid, "PPid") == str(os.getpid()) and _field(tid, "Tgid") == str(tid):
+        return None                                   # a child process the caller started: its own
     comm = _read(f"/proc/{tid}/comm").decode(errors="replace").strip()
     if not comm and not os.path.exists(f"/proc/{tid}"):
         return None                                   # gone: the call can only fail (ESRCH)
