@@ -745,54 +745,67 @@ class FakeAdmission:
         pass
 
 
-def test_the_admission_total_is_checked_after_releases_and_refusals_and_recounted_once_boosts_are_over(tmp_path):
+def test_the_admission_total_is_checked_once_boosts_are_over_after_releases_or_refusals_once_a_second(tmp_path):
     """A check is due once bandwidth this switcher left counted has been
-    released since the last one (at most once a second), or a boost was
-    refused (at most every 0.1 s); a wrong total holds every boost back
-    until none is held and the releases are over, then it is recounted,
-    and boosts start again."""
+    released since the last one, or a boost was refused, at most once a
+    second; no boost starts until none is held and the releases are over
+    (a second at most), then the total is checked and recounted if wrong
+    (``repair``), and boosts start again."""
     fs, clock, sched = tree(tmp_path), Clock(), FakeSched()
     procs = Procs(fs, (100, 101))
-    admission = FakeAdmission(False, False, False, True)
+    admission = FakeAdmission()
     sw = Switcher(fs, 500 * MS, sched=sched.knob(fs, clock, offset=lambda: 0), clock=clock, admission=admission)
     sw.apply(watched("boost", replace(member("a"), boost_ms=2)))
     knob = sw.sched
+    boosts = lambda: sum(1 for tid, a in sched.calls if a.policy == "deadline")
 
     def at(ms):
         clock.now = ms * MS
         procs.runs(100)                              # 101 waits behind the running 100
         sw.tick()
+    sched.fail["deadline"] = errno.EPERM             # no boost for now (and no FIFO fallback)
+    sched.fail["fifo"] = errno.EPERM
     at(0)
-    assert admission.asked == 0                      # nothing released, nothing refused
+    assert sw.settling is None                       # nothing released, nothing refused
     knob._released = 5 * MS                          # a straight return, released at 5 ms
     at(1)
-    assert admission.asked == 1
-    at(500)
-    assert admission.asked == 1                      # once a second at most
-    at(1100)
-    assert admission.asked == 2                      # what was pending at the last check is released now
-    at(2200)
-    assert admission.asked == 2                      # nothing new since
+    assert sw.settling is None                       # a second after the switcher started at most
+    at(1000)
+    assert sw.settling == 1000 * MS and admission.repairs == 0
+    at(1001)
+    assert sw.settling is None and admission.repairs == 1
+    knob._released = 1600 * MS
+    at(1600)
+    assert sw.settling is None                       # once a second at most
+    at(2006)
+    assert sw.settling == 2006 * MS
+    at(2007)
+    assert admission.repairs == 2
+    at(3100)
+    assert sw.settling is None                       # nothing new since
+    del sched.fail["deadline"], sched.fail["fifo"]
+    sw.watched["a"].boost_failed = None              # boosting allowed from now on
     sched.fail["deadline"] = errno.EBUSY
-    boosts = lambda: sum(1 for tid, a in sched.calls if a.policy == "deadline")
-    before = boosts()
-    refused = lambda: sw.counters.held["refused"]
-    at(2201)
-    assert refused() >= 1 and admission.asked == 3   # refused: checked (right)
-    at(2250)
-    assert refused() >= 2 and admission.asked == 3   # refused again, 49 ms later: not yet
-    at(2310)
-    assert admission.asked == 4                      # wrong
-    assert sw.settling is not None and admission.repairs == 0
+    at(3101)
+    assert sw.counters.held["refused"] >= 1 and sw.settling == 3101 * MS   # refused: due
     del sched.fail["deadline"]
-    knob._deadline[999] = (0, SchedAttr())           # a boost still held: no recount yet, no new boost
-    knob._released = 2450 * MS                       # and one released at 2.45 s
-    at(2400)
-    assert admission.repairs == 0 and boosts() == before
+    before = boosts()
+    knob._deadline[999] = (0, SchedAttr())           # a boost still held, and one released at 3.25 s
+    knob._released = 3250 * MS
+    at(3200)
+    assert admission.repairs == 2 and boosts() == before
     del knob._deadline[999]
-    at(2440)
-    assert admission.repairs == 0 and boosts() == before
-    at(2460)
-    assert admission.repairs == 1 and sw.settling is None
-    at(2461)
+    at(3240)
+    assert admission.repairs == 2 and boosts() == before
+    at(3260)
+    assert admission.repairs == 3 and sw.settling is None
+    at(3261)
     assert boosts() > before                         # boosting again
+    knob._deadline[999] = (0, SchedAttr())           # a boost that never ends: the check waits a second at most
+    knob._released = 4300 * MS
+    at(4300)
+    assert sw.settling == 4300 * MS
+    at(5299)
+    assert admission.repairs == 3
+    at(5301)
+    assert admission.repairs == 4 and sw.settling is None
