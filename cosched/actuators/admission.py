@@ -11,21 +11,22 @@ default). Two things make that total wrong on a host where cosched boosts:
   returned *straight*: :mod:`cosched.actuators.sched`, until its zero-lag
   time) is not among them, yet its bandwidth is still subtracted when its
   time comes: the total drops below what is there and, with nothing else
-  to hold it up, below zero, where the unsigned total wraps. From then on
-  every deadline request on the host is refused, cosched's boosts and any
-  other program's, until the next rebuild, after cosched has stopped too.
+  to hold it up, below zero, where the unsigned total wraps. Until the
+  next rebuild, after cosched has stopped too, the kernel refuses every
+  deadline request, cosched's boosts and any other program's, smaller
+  than that shortfall less what is really held (the unsigned sum stays
+  past the cap), and admits larger ones, counted short.
   On hosts with the v1 ``cpuset`` controller (hybrid and legacy cgroups)
   every change of a load-balanced cpuset's CPUs rebuilds: libvirt pinning
   a vCPU (cosched's own pinning, at every mode switch to or from a
   pinning policy), a guest started or stopped. Measured on this kernel
-  (6.18), a thread of a test process returned straight from a 200 ms per
-  1 s reservation after running 300 ms, then one cpuset write: the total
-  went from 314571 to 104856 (the CPUs' fair servers) and half a second
-  later to -104859, the reservation's 209715 subtracted twice; a zero
-  bandwidth request was refused from then on
-  (``benchmarks/evidence/boost-admission-underflow/``: in a benchmark,
-  every boost of a whole run refused after mode switches re-pinned vCPUs
-  while other guests boosted).
+  (6.18, ``benchmarks/evidence/boost-admission-underflow/recount/steps.py``):
+  a process given 200 ms per 1 s, returned straight after running 300 ms,
+  then one cpuset write, and half a second later the total read -104859,
+  the fair servers' 104856 less that reservation's 209715; a request for
+  no bandwidth was refused until the next rebuild. In a benchmark, every
+  boost of a whole run was refused after mode switches re-pinned vCPUs
+  while other guests boosted (``benchmarks/evidence/boost-admission-underflow/``).
 * A thread that leaves while asleep after its zero-lag time keeps its
   bandwidth counted for good (:mod:`cosched.actuators.sched`, which avoids
   it for its own boosts).
@@ -43,11 +44,11 @@ period, seconds later (a first version so stalled the switcher for 2.8 s).
 
 :meth:`Admission.recount` makes the kernel count again: a cpuset of
 cosched's own (:data:`RECOUNT_DIR`, directly under the v1 cpuset root) is
-given every CPU, then none, and removed. Measured on this kernel with a
-wrapped total: making the directory does not rebuild, writing its CPUs
-rebuilds at once (the total was right again on return), emptying them and
-removing the emptied directory do not (removing one that still has CPUs
-does, some 50 ms later, from a work queue: too late to know what it
+given every CPU, then none, and removed. Measured with a wrapped total
+(``steps.py`` above): making the directory does not recount, writing its
+CPUs recounts at once (the total right when the write returned), emptying
+them and removing the emptied directory do not (removing one that still
+has CPUs does, within 50 ms, from a work queue: too late to know what it
 counts). So a recount is one rebuild, done when the write returns. It is
 right only if no thread of this host has bandwidth pending release at
 that moment: the switcher recounts once its boosts have ended and their
@@ -56,9 +57,11 @@ Nothing of it outlives the call; a directory left by a process killed
 between the two (:meth:`Admission.cleanup`) goes at the next recount, at
 the daemon's start and at ``cosched reset``.
 
-On a pure cgroup v2 host an ordinary cpuset change does not rebuild root
-domains (only cpuset partitions do, which cosched does not touch), so the
-first cause does not arise from pinning; cosched cannot recount there, and
+On a pure cgroup v2 host scheduling domains follow cpuset partition roots
+(``cpuset.cpus.partition`` in the kernel's
+``Documentation/admin-guide/cgroup-v2.rst``), so an ordinary cpuset's
+change, pinning included, should not rebuild them: read, not measured
+(this host's cpuset controller is v1). cosched cannot recount there, and
 says so when it sees the total wrong.
 """
 from __future__ import annotations

@@ -42,10 +42,10 @@ The kernel's deadline admission total goes wrong when it rebuilds its root
 domains while a boost's bandwidth is pending release (a cpuset change:
 pinning, a guest started or stopped; :mod:`cosched.actuators.admission`).
 Wrong by more than a boost's bandwidth, it refuses every deadline request
-on the host; by less, it reads right whenever boosts hold more than that
-(sampled: a total 419,432 short read 104,856 and 629,144, one and two
-524,288 boosts on top of it, between two rebuilds), and so would a check
-made then. So once a second at most,
+on the host; by less, it admits boosts on top and reads right while they
+are held (measured, ``benchmarks/evidence/boost-admission-underflow/recount/``:
+a total 209,715 short admitted a 524,288 reservation, and a request for no
+bandwidth was then granted). So once a second at most,
 after its boosts or a refused one, the switcher starts no boost until
 the boosts held have ended and their bandwidth is released (about 10 ms;
 :data:`SETTLE_MAX_NS` at most), checks the total and, if it is wrong,

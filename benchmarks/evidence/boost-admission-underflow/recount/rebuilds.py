@@ -8,9 +8,10 @@ guest starts: each write makes the kernel rebuild its root domains and
 recount the total. Every 0.1 s it prints: epoch seconds, ``total_bw``,
 threads in SCHED_DEADLINE, and ``rebuild`` on the lines after a write.
 
-    python rebuilds.py SECONDS [PERIOD] > samples.txt
+    python rebuilds.py SECONDS [PERIOD] > samples.txt   (SIGTERM ends it early, cleanly)
 """
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -34,6 +35,7 @@ def deadline_threads() -> int:
 
 
 def main() -> int:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))    # ends it cleanly (the finally below)
     seconds = float(sys.argv[1])
     period = float(sys.argv[2]) if len(sys.argv) > 2 else 0.5
     os.makedirs(DBG, exist_ok=True)
