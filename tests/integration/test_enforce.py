@@ -19,6 +19,8 @@ from pathlib import Path
 import libvirt
 import pytest
 
+from cosched.actuators.admission import Admission
+from cosched.hostfs import HostFS
 from testbed import guests
 
 from .conftest import PREFIX, DaemonProcess
@@ -360,6 +362,12 @@ def test_sigkill_under_relaxed_and_boost_then_reset_leaves_nothing(trio, tmp_pat
                            capture_output=True, text=True)
     assert reset.returncode == 0, reset.stderr
     assert host_state(NAMES) == before
+    # boosts returned while pinning went back can leave the kernel's deadline admission total wrong
+    admission = Admission(HostFS("/"))
+    try:
+        assert admission.wrong() is False, "the kernel's deadline admission total is left wrong"
+    finally:
+        admission.close()
 
 
 @pytest.fixture(scope="module")
