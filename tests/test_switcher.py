@@ -809,3 +809,19 @@ def test_the_admission_total_is_checked_once_boosts_are_over_after_releases_or_r
     assert admission.repairs == 3
     at(5301)
     assert admission.repairs == 4 and sw.settling is None
+
+
+def test_a_long_wait_not_boosted_while_the_admission_total_is_checked_is_counted_as_check(tmp_path):
+    fs, clock, sched = tree(tmp_path), Clock(), FakeSched()
+    procs = Procs(fs, (100, 101))
+    sw = Switcher(fs, 500 * MS, sched=sched.knob(fs, clock), clock=clock, admission=FakeAdmission())
+    sw.apply(watched("boost", replace(member("a"), boost_ms=2)))
+    sw.sched._deadline[999] = (0, SchedAttr())          # a boost held elsewhere: the check waits
+    sw.settling = 0
+    for _ in range(10):
+        clock.now += POLL
+        procs.runs(100)                                  # 101 waits behind the running 100
+        sw.tick()
+    held = sw.take_stats().long_waits_held
+    assert held.get("check", 0) >= 1 and held.get("room", 0) == 0, held
+    assert not [a for tid, a in sched.calls if tid == 101]    # not boosted

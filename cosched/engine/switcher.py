@@ -548,7 +548,10 @@ class Switcher:
             acts = rules.step(now, seen, 0 if w.boost_failed else max(room, 0))
             w.due = now + rules.next_in * WATCH_POLL_NS
             if not w.boost_failed:
-                self.counters.held.update(acts.held)
+                held = dict(acts.held)
+                if self.settling is not None and "room" in held:    # no room: the admission total is checked
+                    held["check"] = held.pop("room")
+                self.counters.held.update(held)
             for i in acts.unboost:
                 self._unboost(keys[i])
                 rules.hold(i, self.sched.quiet_until(w.plan.vcpus[i].tid))

@@ -112,7 +112,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-HELD = ("room", "pause", "refused", "stale")   # why a long wait was not boosted (status's long_waits_held)
+HELD = ("room", "pause", "refused", "stale", "check")   # why a long wait was not boosted (status's
+                                                        # long_waits_held; check: the switcher's, see there)
 CALM_LOOKS = 16      # looks without a long wait before a boost guest is looked at half as often
 IDLE_SHARE = 0.5     # a guest whose vCPUs idle more of their active time than this (smoothed over looks)
 IDLE_EVERY = 4       # is looked at every 4th poll (2 ms) at the most
