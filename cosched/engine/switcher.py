@@ -41,15 +41,16 @@ co-start. A watched boost is SCHED_DEADLINE (see :func:`boost_attr`).
 The kernel's deadline admission total goes wrong when it rebuilds its root
 domains while a boost's bandwidth is pending release (a cpuset change:
 pinning, a guest started or stopped; :mod:`cosched.actuators.admission`).
-Wrong by more than a boost's bandwidth, it refuses every deadline request
-on the host; by less, it admits boosts on top and reads right while they
-are held (measured, ``benchmarks/evidence/boost-admission-underflow/recount/``:
-a total 209,715 short admitted a 524,288 reservation, and a request for no
-bandwidth was then granted). So once a second at most,
-after its boosts or a refused one, the switcher starts no boost until
-the boosts held have ended and their bandwidth is released (about 10 ms;
-:data:`SETTLE_MAX_NS` at most), checks the total and, if it is wrong,
-has the kernel recount it.
+Short by more than a boost's bandwidth, it refuses every boost (and any
+smaller request on the host); by less, it admits boosts on top and reads
+right while they are held (measured,
+``benchmarks/evidence/boost-admission-underflow/recount/``: a total 209,715
+short admitted a 524,288 reservation, and a request for no bandwidth was
+then granted). So once a second at most, after its boosts or a refused
+one, the switcher starts no boost until the boosts held have ended (within
+``boost-ms``) and their bandwidth is released (within a boost's period: 8
+ms for a 2 ms boost; :data:`SETTLE_MAX_NS` at most), checks the total and,
+if it is wrong, has the kernel recount it.
 """
 from __future__ import annotations
 
