@@ -109,7 +109,7 @@ def test_repair_recounts_only_a_wrong_total_and_names_what_is_still_wrong(cgfs):
     assert Admission(cgfs, put=healed, mount=CPUSET).repair() is None
     assert [e[0] for e in cgfs.log] == ["mkdir", "write", "write", "rmdir"]
     stuck = Admission(cgfs, put=Calls(errno.EBUSY, errno.EBUSY), mount=CPUSET).repair()
-    assert "still refuses every request after a recount" in stuck
+    assert "still wrong after a recount" in stuck
     v2 = Admission(cgfs, put=Calls(errno.EBUSY), mount=None).repair()
     assert "cannot be recounted" in v2 and "no v1 cpuset hierarchy" in v2
 
@@ -124,3 +124,25 @@ def test_settle_waits_for_the_released_bandwidth_then_repairs(cgfs, tmp_path):
     knob._released = now[0] + 60_000_000_000          # bounded: a second at most
     settle(cgfs, knob, sleep=slept.append)
     assert slept == [pytest.approx(0.030), pytest.approx(1.0)]
+
+
+def test_a_recount_takes_one_cpu_where_an_exclusive_cpuset_holds_the_others(cgfs):
+    class Exclusive(CgroupFS):
+        def write(self, host_path, data):
+            if host_path.endswith(f"{RECOUNT_DIR}/cpuset.cpus") and data.strip() not in ("", "3"):
+                raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))   # CPUs 0-2 held exclusively
+            super().write(host_path, data)
+    fs = Exclusive(cgfs.root)
+    Admission(fs, put=Calls(), mount=CPUSET).recount()
+    d = f"{CPUSET}/{RECOUNT_DIR}"
+    assert fs.log == [("mkdir", d), ("write", f"{d}/cpuset.cpus", "3"), ("write", f"{d}/cpuset.cpus", "\n"),
+                      ("rmdir", d)]
+    class Nothing(CgroupFS):
+        def write(self, host_path, data):
+            if host_path.endswith(f"{RECOUNT_DIR}/cpuset.cpus") and data.strip():
+                raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+            super().write(host_path, data)
+    fs = Nothing(cgfs.root)
+    with pytest.raises(OSError) as refused:
+        Admission(fs, put=Calls(), mount=CPUSET).recount()
+    assert refused.value.errno == errno.EINVAL and not fs.exists(d)

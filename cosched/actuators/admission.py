@@ -72,7 +72,7 @@ import subprocess
 import time
 
 from cosched.actuators.sched import SchedAttr, set_attr, zero_bandwidth
-from cosched.hostfs import HostFS, cgroup_v1_mount
+from cosched.hostfs import HostFS, cgroup_v1_mount, parse_cpu_list
 from cosched.kernel import parse_stat
 
 log = logging.getLogger("cosched.admission")
@@ -154,11 +154,21 @@ class Admission:
                                             "or a reboot recounts it")
         path = f"{self.mount}/{RECOUNT_DIR}"
         self.cleanup()
-        cpus = (self.fs.read_or(f"{self.mount}/cpuset.effective_cpus") or self.fs.read_or(
+        every = (self.fs.read_or(f"{self.mount}/cpuset.effective_cpus") or self.fs.read_or(
             f"{self.mount}/cpuset.cpus") or "").strip()
         self.fs.mkdir(path)
         try:
-            self.fs.write(f"{path}/cpuset.cpus", cpus)
+            # a CPU an exclusive sibling cpuset holds is refused (EINVAL): then one CPU at a
+            # time, until one is taken (a change of a load-balanced cpuset's CPUs recounts)
+            for cpus in [every] + [str(cpu) for cpu in parse_cpu_list(every)]:
+                try:
+                    self.fs.write(f"{path}/cpuset.cpus", cpus)
+                    return
+                except OSError as e:
+                    if e.errno != errno.EINVAL:
+                        raise
+                    refused = e
+            raise refused
         finally:
             self._remove(path)
 
@@ -181,16 +191,16 @@ class Admission:
         if not self.wrong():
             return None
         log.warning("action=admission-wrong reason='the kernel refuses a deadline reservation of no bandwidth: its "
-                    "admission total is wrong, and every deadline request on the host is refused'")
+                    "admission total is wrong: deadline requests on the host are refused'")
         try:
             self.recount()
         except OSError as e:
-            problem = f"deadline admission refuses every request and cannot be recounted: {e.strerror or e}"
+            problem = f"deadline admission total wrong (requests refused) and cannot be recounted: {e.strerror or e}"
             log.error("action=admission-recount-failed error=%r", problem)
             return problem
         if self.wrong():
-            problem = "deadline admission still refuses every request after a recount (another program's " \
-                      "deadline thread may hold its bandwidth, or left some pending)"
+            problem = "deadline admission still wrong after a recount (another program's deadline threads " \
+                      "may hold the bandwidth, or have some pending release)"
             log.error("action=admission-recount-failed error=%r", problem)
             return problem
         log.warning("action=admission-recounted")
