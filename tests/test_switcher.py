@@ -802,13 +802,15 @@ def test_the_admission_total_is_checked_once_boosts_are_over_after_releases_or_r
     at(3261)
     assert boosts() > before                         # boosting again
     knob._deadline[999] = (0, SchedAttr())           # a boost that never ends: the check waits a second at most
-    knob._released = 4300 * MS
+    knob._released = 9000 * MS                       # and a release far ahead
     at(4300)
     assert sw.settling == 4300 * MS
     at(5299)
     assert admission.repairs == 3
     at(5301)
     assert admission.repairs == 4 and sw.settling is None
+    at(6400)
+    assert sw.settling == 6400 * MS                  # what was still pending is checked again
 
 
 def test_a_long_wait_not_boosted_while_the_admission_total_is_checked_is_counted_as_check(tmp_path):

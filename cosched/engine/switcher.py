@@ -735,7 +735,8 @@ class Switcher:
             return
         if (self.sched.holding() or now < released) and now - self.settling < SETTLE_MAX_NS:
             return
-        self._refused, self._checked, self._last_check, self.settling = False, released, now, None
+        # releases still pending after SETTLE_MAX_NS are left to the next check
+        self._refused, self._checked, self._last_check, self.settling = False, min(released, now), now, None
         problem = self.admission.repair()
         if problem:
             self._error(problem)
