@@ -254,9 +254,10 @@ def reactions(agg: dict, wls: list[str]) -> list[str]:
             "each counted once under the first reason: as many vCPUs as the pool has CPUs boosted already "
             "(room), or the last boost of its vCPU, or of the runner it is queued behind, ended less than "
             "`pause-ms` before (pause); the boosts the kernel refused (EBUSY from deadline admission "
-            "control, each attempt; not recorded before it was counted); and the boosts taken back at once "
+            "control, each attempt; not recorded before it was counted); the boosts taken back at once "
             "because they found a deadline state left from an earlier boost (stale; not recorded before it "
-            "was counted).", ""] + \
+            "was counted); and the long waits held while the switcher checked the kernel's deadline "
+            "admission total (check; not recorded before it was counted).", ""] + \
         _table(["workload", "guests", "mode", "episode p50 ms", "episode p90 ms", "episodes > 1 ms",
                 "boosted within 1 ms", "reaction p50 ms", "boosts", *(f"held: {why}" for why in HELD)], rows)
 
