@@ -748,16 +748,17 @@ class FakeAdmission:
 def test_the_admission_total_is_checked_once_boosts_are_over_after_releases_or_refusals_once_a_second(tmp_path):
     """A check is due once bandwidth this switcher left counted has been
     released since the last one, or a boost was refused, at most once a
-    second; no boost starts until none is held and the releases are over
-    (a second at most), then the total is checked and recounted if wrong
-    (``repair``), and boosts start again."""
+    second (every 0.1 s after a refusal with nothing to wait for); no boost
+    starts until none is held and the releases are over (a second at most),
+    then the total is checked and recounted if wrong (``repair``), and
+    boosts start again."""
     fs, clock, sched = tree(tmp_path), Clock(), FakeSched()
     procs = Procs(fs, (100, 101))
     admission = FakeAdmission()
     sw = Switcher(fs, 500 * MS, sched=sched.knob(fs, clock, offset=lambda: 0), clock=clock, admission=admission)
     sw.apply(watched("boost", replace(member("a"), boost_ms=2)))
     knob = sw.sched
-    boosts = lambda: sum(1 for tid, a in sched.calls if a.policy == "deadline")
+    boosts = lambda: sum(1 for tid, a in sched.calls if a.policy == "deadline" and a != zero_bandwidth(fs))
 
     def at(ms):
         clock.now = ms * MS
@@ -766,51 +767,61 @@ def test_the_admission_total_is_checked_once_boosts_are_over_after_releases_or_r
     sched.fail["deadline"] = errno.EPERM             # no boost for now (and no FIFO fallback)
     sched.fail["fifo"] = errno.EPERM
     at(0)
-    assert sw.settling is None                       # nothing released, nothing refused
     knob._released = 5 * MS                          # a straight return, released at 5 ms
     at(1)
-    assert sw.settling is None                       # a second after the switcher started at most
+    assert admission.repairs == 0                    # a second after the switcher started at most
     at(1000)
-    assert sw.settling == 1000 * MS and admission.repairs == 0
-    at(1001)
-    assert sw.settling is None and admission.repairs == 1
+    assert admission.repairs == 1 and sw.settling is None   # nothing held or pending: checked at once
     knob._released = 1600 * MS
     at(1600)
-    assert sw.settling is None                       # once a second at most
+    assert admission.repairs == 1                    # once a second at most
     at(2006)
-    assert sw.settling == 2006 * MS
-    at(2007)
     assert admission.repairs == 2
     at(3100)
-    assert sw.settling is None                       # nothing new since
+    assert admission.repairs == 2                    # nothing new since
     del sched.fail["deadline"], sched.fail["fifo"]
     sw.watched["a"].boost_failed = None              # boosting allowed from now on
     sched.fail["deadline"] = errno.EBUSY
     at(3101)
-    assert sw.counters.held["refused"] >= 1 and sw.settling == 3101 * MS   # refused: due
+    assert sw.counters.held["refused"] >= 1 and admission.repairs == 3   # refused, nothing to wait for
+    at(3150)
+    assert admission.repairs == 3                    # refused again, 49 ms later: not yet
+    at(3202)
+    assert admission.repairs == 4
     del sched.fail["deadline"]
+    knob._deadline[999] = (0, SchedAttr())           # a boost held, and one released at 4.35 s
+    knob._released = 4350 * MS
+    at(4300)
+    assert sw.settling == 4300 * MS and admission.repairs == 4
     before = boosts()
-    knob._deadline[999] = (0, SchedAttr())           # a boost still held, and one released at 3.25 s
-    knob._released = 3250 * MS
-    at(3200)
-    assert admission.repairs == 2 and boosts() == before
+    at(4320)
+    assert boosts() == before                        # none starts meanwhile
     del knob._deadline[999]
-    at(3240)
-    assert admission.repairs == 2 and boosts() == before
-    at(3260)
-    assert admission.repairs == 3 and sw.settling is None
-    at(3261)
+    at(4340)
+    assert admission.repairs == 4 and boosts() == before
+    end = knob.released_by() // MS                   # 4.35 s, or later: the boost made at 4.3 s, returned since
+    assert end >= 4350
+    at(end - 1)
+    assert admission.repairs == 4 and boosts() == before
+    at(end + 1)
+    assert admission.repairs == 5 and sw.settling is None
+    at(end + 2)
     assert boosts() > before                         # boosting again
     knob._deadline[999] = (0, SchedAttr())           # a boost that never ends: the check waits a second at most
     knob._released = 9000 * MS                       # and a release far ahead
-    at(4300)
-    assert sw.settling == 4300 * MS
-    at(5299)
-    assert admission.repairs == 3
-    at(5301)
-    assert admission.repairs == 4 and sw.settling is None
-    at(6400)
-    assert sw.settling == 6400 * MS                  # what was still pending is checked again
+    at(end + 1002)
+    assert sw.settling == (end + 1002) * MS
+    at(end + 2001)
+    assert admission.repairs == 5
+    at(end + 2003)
+    assert admission.repairs == 6 and sw.settling is None
+    sched.fail["deadline"] = errno.EBUSY             # refused while a boost is held: once a second still
+    refused = sw.counters.held["refused"]
+    at(end + 2050)
+    at(end + 2200)
+    assert sw.counters.held["refused"] > refused and sw.settling is None
+    at(end + 3004)
+    assert sw.settling == (end + 3004) * MS          # what was still pending is checked again
 
 
 def test_a_long_wait_not_boosted_while_the_admission_total_is_checked_is_counted_as_check(tmp_path):

@@ -50,7 +50,10 @@ then granted). So once a second at most, after its boosts or a refused
 one, the switcher starts no boost until the boosts held have ended (within
 ``boost-ms``) and their bandwidth is released (within a boost's period: 8
 ms for a 2 ms boost; :data:`SETTLE_MAX_NS` at most), checks the total and,
-if it is wrong, has the kernel recount it.
+if it is wrong, has the kernel recount it. After a refused boost with none
+held and nothing pending (as when the total is short by more than a boost)
+there is nothing to wait for, and it checks every
+:data:`REFUSED_CHECK_NS`.
 """
 from __future__ import annotations
 
@@ -88,7 +91,8 @@ FAIR_SERVER_SHARE = 0.05      # the deadline server that keeps CFS tasks running
 FD_SETSIZE = 1024             # select(2) takes descriptors below this (the loop's timer needs its microseconds)
 STILL_WAIT_S = 0.002         # a vCPU kept still for a return from a boost: it freezes in about 0.1 ms
 FREEZE_WAIT_S = 0.05         # a TCG vCPU freezes in about 0.1 ms; 64 spinning ones on 2 CPUs in under 4 ms
-ADMISSION_CHECK_NS = 1_000_000_000   # the deadline admission total is checked at most this often
+ADMISSION_CHECK_NS = 1_000_000_000   # the deadline admission total is checked at most this often,
+REFUSED_CHECK_NS = 100_000_000       # and this often after a refused boost when nothing need be waited for
 
 
 def boost_attr(boost_ms: float, share: float = MAX_SHARE) -> SchedAttr:
@@ -729,11 +733,13 @@ class Switcher:
         and nothing released pending (the module doc), and recount it if
         it is wrong."""
         released = self.sched.released_by()
+        quiet = not self.sched.holding() and now >= released
         if self.settling is None:
-            if (self._refused or released > self._checked) and now >= self._last_check + ADMISSION_CHECK_NS:
-                self.settling = now                  # no boost starts meanwhile (poll)
-            return
-        if (self.sched.holding() or now < released) and now - self.settling < SETTLE_MAX_NS:
+            every = REFUSED_CHECK_NS if self._refused and quiet else ADMISSION_CHECK_NS
+            if not ((self._refused or released > self._checked) and now >= self._last_check + every):
+                return
+            self.settling = now                      # no boost starts meanwhile (poll)
+        if not quiet and now - self.settling < SETTLE_MAX_NS:
             return
         # releases still pending after SETTLE_MAX_NS are left to the next check
         self._refused, self._checked, self._last_check, self.settling = False, min(released, now), now, None
