@@ -242,8 +242,8 @@ class Counters:
 class Switcher:
     """The slot tables of every cell, turned into freeze/thaw and boosts.
 
-    ``sched`` applies scheduling attributes (a :class:`SchedKnob`, or a
-    test's on fake system calls); ``clock`` gives monotonic ns;
+    ``sched`` applies scheduling attributes (a :class:`SchedKnob`, or one
+    a test builds on fake system calls); ``clock`` gives monotonic ns;
     ``admission`` checks and recounts the kernel's deadline admission total
     (an :class:`Admission` through ``sched``'s system call by default).
     """
