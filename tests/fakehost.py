@@ -122,6 +122,7 @@ class FakeSched:
         self.default = SchedAttr()
         self.attrs: dict[int, object] = {}
         self.calls: list[tuple[int, object]] = []
+        self.refused: list[tuple[int, object]] = []   # the calls that failed
         self.fail = fail or {}            # policy name -> errno
 
     def get(self, tid):
@@ -130,6 +131,7 @@ class FakeSched:
     def set(self, tid, attr):
         if attr.policy in self.fail:
             import os
+            self.refused.append((tid, attr))
             raise OSError(self.fail[attr.policy], os.strerror(self.fail[attr.policy]))
         self.calls.append((tid, attr))
         self.attrs[tid] = attr

@@ -492,6 +492,31 @@ def test_bcs_falls_back_to_fifo_and_reports_when_no_boost_is_allowed(tmp_path):
     assert stats.boost_failed == {} and vcpus == [] and stats.long_waits_held["refused"] >= 1
 
 
+def test_a_vcpu_refused_sched_deadline_takes_sched_fifo_at_once_until_a_new_plan(tmp_path):
+    """A pinned vCPU (a relaxed guest's, or one libvirt pins) cannot take
+    SCHED_DEADLINE: tried once, then its boosts are SCHED_FIFO straight
+    away; a new plan (new pinning) tries SCHED_DEADLINE again."""
+    fs, clock = tree(tmp_path), Clock()
+    procs = Procs(fs, (100, 101))
+    pinned = FakeSched(fail={"deadline": errno.EPERM})
+    sw = first_boost(fs, procs, clock, pinned)
+    for _ in range(200):                               # 101 keeps waiting behind 100: boosted again and again
+        clock.now += POLL
+        procs.runs(100)
+        sw.tick()
+    fifo = [a for tid, a in pinned.calls if tid == 101 and a == SchedAttr("fifo", priority=1)]
+    assert len(fifo) >= 3 and sw.take_stats().tallies
+    tried = lambda: sorted(tid for tid, a in pinned.refused if a.policy == "deadline")
+    assert 101 in tried() and tried() == sorted(set(tried()))    # once per vCPU
+    before = tried()
+    sw.apply(watched("boost", replace(member("a"), boost_ms=3)))
+    for _ in range(20):
+        clock.now += POLL
+        procs.runs(100)
+        sw.tick()
+    assert tried().count(101) == 2 and len(tried()) <= 2 * len(before)
+
+
 def test_relaxed_freezes_only_the_leader_and_release_thaws_it(tmp_path):
     fs, clock, sched = tree(tmp_path), Clock(), FakeSched()
     procs = Procs(fs, (100, 101))
@@ -780,7 +805,8 @@ def test_the_admission_total_is_checked_once_boosts_are_over_after_releases_or_r
     at(3100)
     assert admission.repairs == 2                    # nothing new since
     del sched.fail["deadline"], sched.fail["fifo"]
-    sw.watched["a"].boost_failed = None              # boosting allowed from now on
+    sw.watched["a"].boost_failed = None              # boosting allowed from now on (as after a new plan)
+    sw.watched["a"].refused.clear()
     sched.fail["deadline"] = errno.EBUSY
     at(3101)
     assert sw.counters.held["refused"] >= 1 and admission.repairs == 3   # refused, nothing to wait for

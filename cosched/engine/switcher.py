@@ -194,6 +194,9 @@ class Watched:
     keys: tuple[tuple, ...]                  # per vCPU, as MemberState.keys (computed once: polled 2,000 times a second)
     boost_failed: str | None = None
     fifo: bool = False                                       # boost: a vCPU took the SCHED_FIFO fallback
+    refused: dict[int, int] = field(default_factory=dict)    # vCPU index -> errno of its refused SCHED_DEADLINE
+                                                             # boost (EPERM: pinned to a subset); it takes
+                                                             # SCHED_FIFO at once while this plan (its pinning) holds
     seen: list[Seen | None] = field(default_factory=list)    # the last look's
     due: int = 0                                             # when its next look is (monotonic ns)
 
@@ -494,30 +497,32 @@ class Switcher:
         if st.boosted:
             return True
         tid = w.plan.vcpus[i].tid
-        attr = boost_attr(w.plan.boost_ms, self.share)
-        try:
-            self.sched.apply(tid, attr)
-            w.rules.started(i, self.clock())   # the boost began before this
-            stale = not self.sched.fresh(tid)
-        except OSError as e:
-            if e.errno in GONE:
-                return False
-            if e.errno == errno.EBUSY:
-                # deadline admission control is full for now (other deadline tasks, or an
-                # old boost's bandwidth not yet released), or its total is wrong: skip this one,
-                # not the guest, and have the total checked (a boost refused adds nothing to release)
-                self.counters.held["refused"] += 1
-                self._refused = True
-                return False
-            if isinstance(w.rules, Bcs) and not w.fifo:
-                w.fifo = True                 # its SCHED_FIFO fallback needs RT runtime: granted from now on
-                self._grant()
+        if i not in w.refused:
+            try:
+                self.sched.apply(tid, boost_attr(w.plan.boost_ms, self.share))
+                w.rules.started(i, self.clock())   # the boost began before this
+                stale = not self.sched.fresh(tid)
+            except OSError as e:
+                if e.errno in GONE:
+                    return False
+                if e.errno == errno.EBUSY:
+                    # deadline admission control is full for now (other deadline tasks, or an
+                    # old boost's bandwidth not yet released), or its total is wrong: skip this one,
+                    # not the guest, and have the total checked (a boost refused adds nothing to release)
+                    self.counters.held["refused"] += 1
+                    self._refused = True
+                    return False
+                w.refused[i] = e.errno
+                if isinstance(w.rules, Bcs) and not w.fifo:
+                    w.fifo = True             # its SCHED_FIFO fallback needs RT runtime: granted from now on
+                    self._grant()
+        if i in w.refused:
             try:
                 self.sched.apply(tid, FALLBACK_BOOST)     # e.g. pinned to a subset: no SCHED_DEADLINE
-            except OSError as e2:
-                if e2.errno not in GONE:
-                    w.boost_failed = (f"boost impossible for domain {w.plan.name}: {os.strerror(e.errno)} for "
-                                      f"SCHED_DEADLINE, {os.strerror(e2.errno)} for SCHED_FIFO; "
+            except OSError as e:
+                if e.errno not in GONE:
+                    w.boost_failed = (f"boost impossible for domain {w.plan.name}: {os.strerror(w.refused[i])} for "
+                                      f"SCHED_DEADLINE, {os.strerror(e.errno)} for SCHED_FIFO; "
                                       f"{w.cell} runs without boosts")
                     self._error(w.boost_failed)
                 return False
