@@ -60,6 +60,13 @@ reading and parsing the trace (millions of events under ``relaxed``) does
 not compete with busy guests for the CPUs: on 2 CPUs such a run took
 minutes.
 
+With ``--steady SECONDS``, once a workload's repetitions at a guest count
+are done, the same guests run under ``auto`` for SECONDS more (after
+:data:`AUTO_SETTLE` to choose), the status read every 0.25 s: how often
+``auto`` changes a steady guest's mode (:func:`steady_figures`; the
+target is at most once a minute). ``--mixed`` and ``--phases`` add mixed
+hosts and guests that change phase (:func:`run_mixed`, :func:`run_phases`).
+
 Output folder (default ``benchmarks/results/suite-<time>``): ``results.json``
 (every run, raw), ``summary.md`` and PNG plots (:mod:`benchmarks.report`).
 ``results.json`` is written again after every run, with ``complete: false``
@@ -600,7 +607,12 @@ def units(args) -> dict[str, int]:
     """Every unit of the suite ``args`` asks for, and how many runs it takes."""
     out = {f"{wl} x{n}": args.reps * (1 + len(args.modes)) for wl in args.workloads for n in args.guests}
     out.update({f"mixed x{n}": args.reps * len([m for m in args.modes if m != "batch"]) for n in args.mixed})
+    out.update({steady_unit(wl, n): 1 for wl in args.workloads for n in args.guests if args.steady})
     return {**out, **({"phases": len(PHASE_MODES)} if args.phases else {})}
+
+
+def steady_unit(workload: str, n: int) -> str:
+    return f"steady {workload} x{n}"
 
 
 def run_mixed(args, daemon, img, progress, runs) -> None:
@@ -646,18 +658,63 @@ def run_phases(args, daemon, img, progress, runs) -> None:
     daemon.wait(lambda: all(daemon.domain(g.name) for g in gs), 10, "guests observed")
     for mode in PHASE_MODES:
         apply_mode(daemon, gs, mode, args.settle)
-        timeline = []                       # (host seconds, {guest: results so far}, {guest: mode})
-        start = time.monotonic()
-        while time.monotonic() - start < args.phases:
-            timeline.append((time.monotonic() - start, {g.name: len(g.results()) for g in gs},
-                             daemon_now(daemon, gs)["modes"]))
-            time.sleep(0.25)
+        timeline = mode_timeline(daemon, gs, args.phases, lines=True)
         per_guest = {g.name: phase_figures(g.results(), timeline, g.name) for g in gs}
         runs.append({"workload": "phases", "unit": "phases", "guests": len(gs), "mode": mode, "rep": 0, "valid": True,
                      "ideal": None, "seconds": args.phases, "phase_ms": PHASE_MS, "per_guest": per_guest})
         progress.step(f"phases {mode}: " + ", ".join(
             f"{p['kind']} {p['rate']:.0f}/s" for p in next(iter(per_guest.values()))["phases"][:4]))
     guests.destroy_all(PREFIX)
+
+
+def mode_timeline(daemon: DaemonProcess, gs: list[guests.Guest], seconds: float, lines: bool = False) -> list:
+    """Each guest's mode as status shows it, every 0.25 s for ``seconds``:
+    ``[(host seconds since the start, {guest: result lines so far} (with
+    ``lines``, else empty), {guest: mode})]``. ``auto`` changes a guest's
+    mode no more often than its dwell time (seconds), so no change falls
+    between two reads unseen."""
+    timeline = []
+    start = time.monotonic()
+    while (t := time.monotonic() - start) < seconds:
+        timeline.append((t, {g.name: len(g.results()) for g in gs} if lines else {}, daemon_now(daemon, gs)["modes"]))
+        time.sleep(0.25)
+    return timeline
+
+
+STEADY_GAP_S = 1.0        # a steady run is valid when status was read at least this often, with every mode known
+
+
+def steady_figures(timeline: list, name: str, seconds: float) -> dict:
+    """One guest's modes over a steady run's timeline: each change (when,
+    from, to), the seconds each mode was shown (from one read to the next;
+    the last read holds to the end), and whether the reads covered the
+    interval: no gap longer than :data:`STEADY_GAP_S` (from its start,
+    between reads, to its end) and a mode known at every read."""
+    modes = [m[name] for _, _, m in timeline]
+    reads = [t for t, _, _ in timeline]
+    held: dict = {}
+    for m, a, b in zip(modes, [0.0] + reads[1:], reads[1:] + [seconds]):    # the first read's from the start
+        held[m] = held.get(m, 0.0) + max(b - a, 0.0)
+    changes = [{"t": t, "old": a, "new": b} for t, a, b in zip(reads[1:], modes, modes[1:]) if a != b]
+    bounds = [0.0, *reads, seconds]
+    covered = bool(modes) and all(modes) and max(b - a for a, b in zip(bounds, bounds[1:])) <= STEADY_GAP_S
+    return {"changes": changes, "held_s": {str(k): v for k, v in held.items()}, "covered": covered}
+
+
+def run_steady(args, daemon: DaemonProcess, gs: list[guests.Guest], wl: str, progress, runs) -> None:
+    """Guests of one workload under ``auto`` for ``--steady`` seconds after
+    it had :data:`AUTO_SETTLE` to choose: how often it changes a steady
+    guest's mode (target: at most once a minute)."""
+    apply_mode(daemon, gs, "auto", args.settle)
+    timeline = mode_timeline(daemon, gs, args.steady)
+    per_guest = {g.name: steady_figures(timeline, g.name, args.steady) for g in gs}
+    runs.append({"workload": "steady", "unit": steady_unit(wl, len(gs)), "steady_workload": wl, "guests": len(gs),
+                 "mode": "auto", "rep": 0, "valid": all(p["covered"] for p in per_guest.values()), "ideal": None,
+                 "seconds": args.steady, "gap_s": STEADY_GAP_S, "per_guest": per_guest})
+    most = max(len(p["changes"]) for p in per_guest.values())
+    shown = sorted({m for p in per_guest.values() for m in p["held_s"]})
+    progress.step(f"steady {wl} x{len(gs)} auto: {', '.join(shown)}, at most {most} change(s) per guest "
+                  f"in {args.steady:g} s")
 
 
 def phase_figures(results: list[dict], timeline: list, name: str) -> dict:
@@ -708,8 +765,8 @@ def run(args, out: Path, resume: bool = False) -> dict:
         "config": {"guests": counts, "vcpus": args.vcpus, "workloads": list(args.workloads),
                    "modes": list(args.modes), "seconds": args.seconds, "reps": args.reps, "truth": args.truth,
                    "retries": args.retries, "min_coverage": MIN_COVERAGE, "report_ms": REPORT_MS,
-                   "mixed": list(args.mixed), "phases_seconds": args.phases, "auto_settle": AUTO_SETTLE,
-                   "meter": args.meter},
+                   "mixed": list(args.mixed), "phases_seconds": args.phases, "steady_seconds": args.steady,
+                   "auto_settle": AUTO_SETTLE, "meter": args.meter},
         "command": " ".join(["python -m benchmarks.suite", *sys.argv[1:]]),
         "started": time.strftime("%Y-%m-%d %H:%M:%S"), "planned": progress.total})
     return _run(args, img, counts, runs, progress)
@@ -722,11 +779,13 @@ def _run(args, img, counts: list[int], runs: Record, progress: Progress) -> dict
         for wl in args.workloads:
             gs: list[guests.Guest] = []
             for n in counts:
-                if f"{wl} x{n}" in runs.units():
+                swept = f"{wl} x{n}" in runs.units()
+                steady = args.steady and steady_unit(wl, n) not in runs.units()
+                if swept and not steady:
                     continue
                 boot_set([wl] * (n - len(gs)), args.vcpus, img, gs)
                 daemon.wait(lambda: all(daemon.domain(g.name) for g in gs), 10, "guests observed")
-                for rep in range(args.reps):
+                for rep in range(0 if swept else args.reps):
                     ideal = None
                     for mode in ("alone", *in_turn(args.modes, rep)):
                         notes = apply_mode(daemon, gs, "cfs" if mode == "alone" else mode, args.settle)
@@ -749,6 +808,8 @@ def _run(args, img, counts: list[int], runs: Record, progress: Progress) -> dict
                                       + (f"INVALID after {attempt + 1} attempts (coverage {100 * low:.0f}%)"
                                          if not r["valid"] else f"{total:.1f} iterations/s" if mode == "alone" else
                                          f"{100 * total / ideal:.0f}% of ideal" if ideal else "no valid ideal"))
+                if steady:
+                    run_steady(args, daemon, gs, wl, progress, runs)
             guests.destroy_all(PREFIX)
         if args.mixed:
             run_mixed(args, daemon, img, progress, runs)
@@ -813,6 +874,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--phases", type=float, default=0.0, metavar="SECONDS",
                     help=f"run two guests alternating barrier and blocking ({PHASE_MS // 1000} s each) "
                          "under cfs, gang, boost and auto for SECONDS each")
+    ap.add_argument("--steady", type=float, default=0.0, metavar="SECONDS",
+                    help="after each workload's repetitions, on the same guests: auto for SECONDS, counting "
+                         "how often it changes a steady guest's mode")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--resume", type=Path, default=None, metavar="DIR",
                     help="go on with the suite stopped in DIR, with the command it recorded")

@@ -250,9 +250,12 @@ def test_a_resumed_suite_keeps_finished_units_and_measures_a_half_done_one_again
     from benchmarks.report import summary
     from benchmarks.suite import Record, main, units
     from types import SimpleNamespace
-    args = SimpleNamespace(workloads=["barrier", "lu"], guests=[2], modes=["cfs"], reps=1, mixed=[], phases=0)
+    args = SimpleNamespace(workloads=["barrier", "lu"], guests=[2], modes=["cfs"], reps=1, mixed=[], phases=0,
+                           steady=0)
     sizes = units(args)
     assert sizes == {"barrier x2": 2, "lu x2": 2}
+    assert units(SimpleNamespace(**{**vars(args), "steady": 60})) == {**sizes, "steady barrier x2": 1,
+                                                                      "steady lu x2": 1}
     path = tmp_path / "results.json"
     head = {"host": {"cpus": 2, "kernel": "k", "domain_type": "qemu"}, "started": "day 1",
             "command": "python -m benchmarks.suite --guests 2 --workloads barrier,lu --modes cfs --reps 1",
@@ -304,3 +307,29 @@ def test_a_mode_is_taken_up_when_status_shows_its_parameters_as_written():
     from benchmarks.suite import _param_text
     assert _param_text(False) == "false" and _param_text(True) == "true"      # relaxed:boost=false
     assert _param_text(["none", "gang"]) == "none,gang" and _param_text(2.5) == "2.5"
+
+
+def test_a_steady_run_counts_each_change_of_mode_and_is_valid_only_where_status_covered_it():
+    from benchmarks.report import steady
+    from benchmarks.suite import steady_figures
+    tl = [(0.1 + 0.25 * i, {}, {"a": "gang" if i < 100 else "none", "b": "gang"}) for i in range(240)]
+    a, b = steady_figures(tl, "a", 60.0), steady_figures(tl, "b", 60.0)
+    assert a["changes"] == [{"t": tl[100][0], "old": "gang", "new": "none"}] and b["changes"] == []
+    assert a["held_s"] == pytest.approx({"gang": 25.1, "none": 34.9}) and b["held_s"] == pytest.approx({"gang": 60.0})
+    assert a["covered"] and b["covered"]
+    gap = tl[:50] + tl[56:]                                  # 1.5 s without a read
+    assert not steady_figures(gap, "b", 60.0)["covered"]
+    assert not steady_figures(tl[:-8], "b", 60.0)["covered"]      # the reads stopped 2 s before the end
+    unknown = tl[:10] + [(tl[10][0], {}, {"a": None, "b": "gang"})] + tl[11:]
+    assert not steady_figures(unknown, "a", 60.0)["covered"] and steady_figures(unknown, "b", 60.0)["covered"]
+    assert not steady_figures([], "a", 60.0)["covered"]
+    flap = [(0.1 + 0.25 * i, {}, {"a": ("gang", "none")[(i // 40) % 2]}) for i in range(240)]
+    run = lambda wl, figs, valid=True: {"workload": "steady", "steady_workload": wl, "guests": 2, "mode": "auto",
+                                        "seconds": 60.0, "gap_s": 1.0, "valid": valid, "per_guest": figs}
+    text = "\n".join(steady({"runs": [run("barrier", {"a": a, "b": b}),
+                                     run("blocking", {"a": steady_figures(flap, "a", 60.0)}),
+                                     run("lu", {"a": b}, valid=False)]}))
+    assert "| barrier | 2 | gang 71%, none 29% | 1 | 1.0 | met |" in text
+    assert "| blocking | 2 | gang 50%, none 50% | 5 | 5.0 | not met |" in text
+    assert "| lu | 2 | gang 100% | 0 | 0.0 | invalid |" in text
+    assert steady({"runs": []}) == []

@@ -1,13 +1,16 @@
 """The benchmark harness end to end on one tiny configuration.
 
 Two 2-vCPU guests run the barrier workload under batch, cfs and gang for a
-couple of seconds each, with the kernel-trace comparison on. The test checks
+couple of seconds each, with the kernel-trace comparison on, then under
+auto for a few seconds (the steady run). The test checks
 that the run produces its files and that they parse and hold what the report
 promises; it does not judge the figures (benchmarks do that, not tests).
 """
 from __future__ import annotations
 
 import json
+
+import pytest
 
 from benchmarks import suite
 
@@ -18,14 +21,20 @@ def test_harness_writes_results_summary_and_plots(libvirtd, guest_image, tmp_pat
     monkeypatch.setattr(suite, "PREFIX", PREFIX + "bench-")
     out = tmp_path / "run"
     assert suite.main(["--guests", "2", "--workloads", "barrier", "--modes", "batch,cfs,gang",
-                       "--seconds", "2", "--settle", "1", "--reps", "1", "--out", str(out)]) == 0
+                       "--seconds", "2", "--settle", "1", "--reps", "1", "--steady", "3", "--out", str(out)]) == 0
 
     res = json.loads((out / "results.json").read_text())
     assert res["complete"] is True and res["planned"] == len(res["runs"])
     assert res["ideal"]["barrier"] > 0
-    modes = [r["mode"] for r in res["runs"]]
-    assert modes == ["alone", "batch", "cfs", "gang"]
-    for r in res["runs"]:
+    *sweep, steady = res["runs"]
+    assert [r["mode"] for r in sweep] == ["alone", "batch", "cfs", "gang"]
+    # the steady run: every 0.25 s read showed both guests' modes, one auto can choose
+    assert steady["workload"] == "steady" and steady["mode"] == "auto" and steady["valid"], steady
+    assert set(steady["per_guest"]) == {f"{PREFIX}bench-0", f"{PREFIX}bench-1"}
+    for g in steady["per_guest"].values():
+        assert g["covered"] and sum(g["held_s"].values()) == pytest.approx(3.0, abs=0.01), g
+        assert set(g["held_s"]) <= {"none", "boost", "relaxed", "gang", "partial"}, g
+    for r in sweep:
         assert len(r["per_guest"]) == r["guests"]
         # every run is measured over its whole interval: from live counters outside batch
         assert r["valid"], (r["mode"], r["per_guest"])
@@ -57,6 +66,8 @@ def test_harness_writes_results_summary_and_plots(libvirtd, guest_image, tmp_pat
                     "Daemon overhead", "Metric truth"):
         assert heading in summary
     assert "| barrier | 2 |" in summary
+    table = summary[summary.index("## Steady guests under auto"):]
+    assert "| barrier | 2 | " in table and table.count("| barrier |") == 1
     for png in ("throughput", "iteration_cdf", "fairness", "hazard", "overhead", "truth"):
         data = (out / f"{png}.png").read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, png
