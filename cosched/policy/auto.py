@@ -35,7 +35,9 @@ also the CPU-bound ones that do not synchronise (spin locks with short
 critical sections, busy independent threads), where the host scheduler can
 be better (``spinlock`` at four guests: ``gang`` 0.76x): their vCPUs wait
 for CPUs as a barrier's do, and nothing measured from outside tells
-spinning for a sibling from competing for a CPU. It covers vCPUs that idle
+spinning for a sibling from competing for a CPU (on TCG, not the vCPU
+threads' context switches either:
+``benchmarks/evidence/auto-spin-signal``). It covers vCPUs that idle
 because they wait for each other too: a pipe ping-pong idles each vCPU
 about a quarter of its active time (26% alone and under ``gang``, 8-27%
 under the host scheduler, in the kernel traces) and ran 2.5x faster under
