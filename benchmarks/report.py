@@ -491,31 +491,31 @@ def phases(res: dict) -> list[str]:
     return lines
 
 
+def _steady_row(r: dict) -> list[str]:
+    held: dict[str, float] = {}
+    for p in r["per_guest"].values():
+        for m, v in p["held_s"].items():
+            held[m] = held.get(m, 0.0) + v
+    total = sum(held.values()) or 1.0
+    most = max(len(p["changes"]) for p in r["per_guest"].values())
+    per_min = most * 60.0 / r["seconds"]
+    return [r["steady_workload"], str(r["guests"]),
+            ", ".join(f"{m} {_pct(v / total)}" for m, v in sorted(held.items(), key=lambda kv: -kv[1])),
+            str(most), f"{per_min:.1f}",
+            "invalid" if not r.get("valid", True) else "met" if per_min <= 1.0 else "not met"]
+
+
 def steady(res: dict) -> list[str]:
     """Guests of one workload under auto: how often it changed their mode."""
     runs = [r for r in res["runs"] if r["workload"] == "steady"]
-    if not runs:
-        return []
-    lines = ["", "## Steady guests under auto", "",
-             f"The guests of each workload, after its repetitions, under auto for {runs[0]['seconds']:g} s, once "
-             "it had had as long to choose as before any auto run; the status polled every 0.25 s (a run is "
-             f"valid when no read was more than {runs[0]['gap_s']:g} s from the next, each showing every guest's "
-             "mode). The modes shown (share of the time, over the guests) and the changes of mode of the guest "
-             "that changed most. Target: at most one change a minute.", ""]
-    rows = []
-    for r in runs:
-        held: dict[str, float] = {}
-        for p in r["per_guest"].values():
-            for m, v in p["held_s"].items():
-                held[m] = held.get(m, 0.0) + v
-        total = sum(held.values()) or 1.0
-        most = max(len(p["changes"]) for p in r["per_guest"].values())
-        per_min = most * 60.0 / r["seconds"]
-        rows.append([r["steady_workload"], str(r["guests"]),
-                     ", ".join(f"{m} {_pct(v / total)}" for m, v in sorted(held.items(), key=lambda kv: -kv[1])),
-                     str(most), f"{per_min:.1f}",
-                     "invalid" if not r.get("valid", True) else "met" if per_min <= 1.0 else "not met"])
-    return lines + _table(["workload", "guests", "modes", "changes", "per minute", "target"], rows)
+    return ["", "## Steady guests under auto", "",
+            f"The guests of each workload, after its repetitions, under auto for {runs[0]['seconds']:g} s, once "
+            "it had had as long to choose as before any auto run; the status polled every 0.25 s (a run is "
+            f"valid when no read was more than {runs[0]['gap_s']:g} s from the next, each showing every guest's "
+            "mode). The modes shown (share of the time, over the guests) and the changes of mode of the guest "
+            "that changed most. Target: at most one change a minute.", "",
+            *_table(["workload", "guests", "modes", "changes", "per minute", "target"],
+                    [_steady_row(r) for r in runs])] if runs else []
 
 
 def plots(res: dict, out: Path, agg: dict | None = None) -> list[Path]:
