@@ -193,10 +193,10 @@ class Watched:
     fds: list[tuple[int, int, int] | None]   # (stat, schedstat, status) per vCPU
     keys: tuple[tuple, ...]                  # per vCPU, as MemberState.keys (computed once: polled 2,000 times a second)
     boost_failed: str | None = None
-    fifo: bool = False                                       # boost: a vCPU took the SCHED_FIFO fallback
     refused: dict[int, int] = field(default_factory=dict)    # vCPU index -> errno of its refused SCHED_DEADLINE
-                                                             # boost (EPERM: pinned to a subset); it takes
-                                                             # SCHED_FIFO at once while this plan (its pinning) holds
+                                                             # boost (EPERM: pinned to a subset); it takes the
+                                                             # SCHED_FIFO fallback at once while this plan (its
+                                                             # pinning) holds
     seen: list[Seen | None] = field(default_factory=list)    # the last look's
     due: int = 0                                             # when its next look is (monotonic ns)
 
@@ -318,7 +318,7 @@ class Switcher:
         owners: list[tuple[CellState | Watched, pr.MemberPlan, str, list]] = [
             (cell, m.plan, cell.id, m.keys()) for cell in self.cells.values() for m in cell.members if m.plan.priority]
         owners += [(w, w.plan, w.cell, list(w.keys)) for w in self.watched.values()
-                   if w.plan.boost_ms and (w.fifo or not isinstance(w.rules, Bcs))]
+                   if w.plan.boost_ms and (w.refused or not isinstance(w.rules, Bcs))]
         owners = [o for o in owners if o[1].rt_vcpu_us and any(v.rt_chain for v in o[1].vcpus) and not o[0].boost_failed]
         self._watch_exits([k for o in owners for k in o[3]])
         wanted: dict[str, int] = {}
@@ -512,10 +512,10 @@ class Switcher:
                     self.counters.held["refused"] += 1
                     self._refused = True
                     return False
+                first = not w.refused
                 w.refused[i] = e.errno
-                if isinstance(w.rules, Bcs) and not w.fifo:
-                    w.fifo = True             # its SCHED_FIFO fallback needs RT runtime: granted from now on
-                    self._grant()
+                if isinstance(w.rules, Bcs) and first:
+                    self._grant()             # its SCHED_FIFO fallback needs RT runtime: granted from now on
         if i in w.refused:
             try:
                 self.sched.apply(tid, FALLBACK_BOOST)     # e.g. pinned to a subset: no SCHED_DEADLINE
