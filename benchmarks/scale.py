@@ -74,17 +74,6 @@ SLEEP_MS = 50             # an idle vCPU's wake-ups: a 20 Hz tick (a thousand at
 TARGETS = {"cpu_256": 2.0, "cpu_1024": 5.0, "switch_p99_64_ms": 1.0, "scrape_1024_ms": 100.0}
 
 
-def _daemon_cpu(pid: int) -> float:
-    p = psutil.Process(pid)
-    total = sum(p.cpu_times()[:2])
-    for c in p.children(recursive=True):
-        try:
-            total += sum(c.cpu_times()[:2])
-        except psutil.NoSuchProcess:
-            pass
-    return total
-
-
 def _rss_mb(pid: int) -> float:
     p = psutil.Process(pid)
     return (p.memory_info().rss + sum(c.memory_info().rss for c in p.children(recursive=True))) / 2 ** 20
@@ -127,10 +116,10 @@ def observation(total: int, per_guest: int, seconds: float, work: Path, budget: 
                 raise RuntimeError(f"the daemon observes with {observed['source']}, not {source}: {observed['why']}")
             time.sleep(WARMUP_S)                              # past start-up: the daemon's averages settled
             with run_time_stats() if source == "meter" else contextlib.nullcontext():
-                s0, c0, t0 = daemon.status()["daemon"], _daemon_cpu(daemon.proc.pid), time.monotonic()
+                s0, c0, t0 = daemon.status()["daemon"], daemon.cpu_seconds(), time.monotonic()
                 m0 = programs_run_time(daemon.proc.pid)
                 time.sleep(seconds)
-                s1, c1, t1 = daemon.status()["daemon"], _daemon_cpu(daemon.proc.pid), time.monotonic()
+                s1, c1, t1 = daemon.status()["daemon"], daemon.cpu_seconds(), time.monotonic()
                 m1 = programs_run_time(daemon.proc.pid)
             scrape_s, size = _scrape(daemon)
             samples = s1["samples"] - s0["samples"]

@@ -96,7 +96,6 @@ import time
 from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
 
-import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks import report
@@ -121,18 +120,6 @@ SKEW_WINDOW = 0.010       # the daemon's default sampling interval (its period, 
 
 
 # -- reading the daemon ------------------------------------------------------
-def cpu_seconds(pid: int) -> float:
-    """CPU time of a process and its children (the daemon and its switcher)."""
-    p = psutil.Process(pid)
-    total = sum(p.cpu_times()[:2])
-    for c in p.children(recursive=True):
-        try:
-            total += sum(c.cpu_times()[:2])
-        except psutil.NoSuchProcess:
-            pass
-    return total
-
-
 def scrape(daemon: DaemonProcess) -> dict:
     """The figures this suite reads from ``/metrics``: per-domain hazard,
     observed and skew (sum, count), and the switch and lateness histograms."""
@@ -324,7 +311,7 @@ def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: f
             if tracer:
                 time.sleep(0.5)                   # events before t0 give each thread's state at t0
             state0, said0 = host_state(pids), daemon_now(daemon, gs)
-            s0, c0, t0, p0 = scrape(daemon), cpu_seconds(daemon.proc.pid), time.monotonic(), proc_states(pids)
+            s0, c0, t0, p0 = scrape(daemon), daemon.cpu_seconds(), time.monotonic(), proc_states(pids)
             live0 = live_counters(gs) if mode != "batch" else {}
             first = {g.name: len(g.results()) for g in gs}        # counted after t0: printed inside
             if mode == "batch":
@@ -336,7 +323,7 @@ def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: f
                 time.sleep(seconds)
                 last = {g.name: len(g.results()) for g in gs}     # counted before t1: printed inside
             live1 = live_counters(gs) if live0 else {}
-            s1, c1, t1, p1 = scrape(daemon), cpu_seconds(daemon.proc.pid), time.monotonic(), proc_states(pids)
+            s1, c1, t1, p1 = scrape(daemon), daemon.cpu_seconds(), time.monotonic(), proc_states(pids)
             state1, said1 = host_state(pids), daemon_now(daemon, gs, signals=True)
             if tracer:        # the trace is read and turned into figures with the CPUs free
                 held.enter_context(guests.paused(gs))

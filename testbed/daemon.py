@@ -76,6 +76,18 @@ class DaemonProcess:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
             return r.read().decode()
 
+    def cpu_seconds(self) -> float:
+        """CPU time so far of the daemon and its children (the switcher)."""
+        import psutil
+        p = psutil.Process(self.proc.pid)
+        total = sum(p.cpu_times()[:2])
+        for c in p.children(recursive=True):
+            try:
+                total += sum(c.cpu_times()[:2])
+            except psutil.NoSuchProcess:
+                pass
+        return total
+
     def digest(self, chars: int = 10000, stacks: bool = False) -> str:
         """The log's last ``chars`` characters, each run of ``action=restored``
         lines told in one (first and last time, count); with ``stacks``, the
