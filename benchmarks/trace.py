@@ -27,6 +27,7 @@ Parsing (:func:`parse`) is pure and lives here too, next to the format it reads.
 """
 from __future__ import annotations
 
+import bisect
 import os
 import re
 import subprocess
@@ -39,6 +40,7 @@ _LINE = re.compile(r"^\s*(.*?)-(\d+)\s+\[(\d+)\]\s+\S+\s+(\d+\.\d+): "
                    r"(sched_switch|sched_wakeup|sched_stat_runtime|cgroup_freeze|cgroup_unfreeze): (.*)$")
 _SWITCH = re.compile(r"prev_pid=(\d+) prev_prio=-?\d+ prev_state=(\S+) ==> next_comm=(.*) next_pid=(\d+) next_prio=")
 _WAKEUP = re.compile(r"(?:^|\s)pid=(\d+) prio=")
+_PRIOS = re.compile(r"(?:^|\s)(?:prev_|next_)?pid=(\d+) (?:prev_|next_)?prio=(-?\d+)")
 _RUNTIME = re.compile(r"(?:^|\s)pid=(\d+) runtime=")
 _CGROUP = re.compile(r"^root=0 id=\d+ level=\d+ path=(\S+)")      # root 0: the v2 hierarchy
 _CALL = re.compile(r"^\s*(.*?)-(\d+)\s+\[\d+\]\s+\S+\s+(\d+\.\d+): sys_sched_setattr(?:\(pid: (0x[0-9a-f]+)| -> (0x[0-9a-f]+))")
@@ -58,22 +60,34 @@ def switches(text: str):
                 yield float(m.group(4)), int(m.group(3)), int(s.group(1)), s.group(2), int(s.group(4)), s.group(3)
 
 
-def setattr_calls(text: str) -> list[tuple[float, int, bool]]:
+def setattr_calls(text: str) -> list[tuple[float, int, bool, bool]]:
     """Every ``sched_setattr`` in tracefs text whose exit was seen:
-    ``(t, target tid, succeeded)``, ``t`` the time of the call. Enter and
-    exit are paired by the calling thread (a thread makes one call at a
-    time)."""
-    out, open_calls = [], {}
+    ``(t, target tid, succeeded, raised)``, ``t`` the time of the call.
+    Enter and exit are paired by the calling thread (a thread makes one call
+    at a time). ``raised``: the target's next switch or wake-up after the
+    call shows it at a realtime or deadline priority (kernel prio below 100:
+    a boost), not at a normal one (a return from a boost, or a boost ended
+    before the thread was next seen); False where no later event shows it."""
+    calls, open_calls, prios = [], {}, {}
     for line in text.splitlines():
         m = _CALL.match(line)
         if not m:
+            e = _LINE.match(line)
+            if e and e.group(5) in ("sched_switch", "sched_wakeup"):
+                for tid, prio in _PRIOS.findall(e.group(6)):
+                    prios.setdefault(int(tid), []).append((float(e.group(4)), int(prio)))
             continue
         caller, t = int(m.group(2)), float(m.group(3))
         if m.group(4) is not None:
             open_calls[caller] = (t, int(m.group(4), 16))
         elif caller in open_calls:
             t_call, tid = open_calls.pop(caller)
-            out.append((t_call, tid, int(m.group(5), 16) == 0))
+            calls.append((t_call, tid, int(m.group(5), 16) == 0, t))
+    out = []
+    for t_call, tid, ok, t_exit in calls:
+        seen = prios.get(tid, [])
+        k = bisect.bisect_right(seen, (t_exit, float("inf")))
+        out.append((t_call, tid, ok, k < len(seen) and seen[k][1] < 100))
     return out
 
 

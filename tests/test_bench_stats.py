@@ -59,14 +59,27 @@ def test_hazard_episodes_and_the_boosts_that_answered_them():
                  (9 * ms, 10 * ms, RUNNING)],
              3: [(0.0, 7.5 * ms, SLEEPING), (7.5 * ms, 8 * ms, RUNNING), (8 * ms, 8.5 * ms, SLEEPING),
                  (8.5 * ms, 9 * ms, RUNNING), (9 * ms, 10 * ms, SLEEPING)]}
-    calls = [(0.6 * ms, 2, True), (0.5 * ms, 2, False), (5 * ms, 2, True), (1 * ms, 3, True)]
+    # boosts of 2 at 0.6 ms and 5 ms, one refused at 0.5 ms, one of 3 at 1 ms; a return reaching 2 at 7.5 ms
+    calls = [(0.6 * ms, 2, True, True), (0.5 * ms, 2, False, False), (5 * ms, 2, True, True), (1 * ms, 3, True, True),
+             (7.5 * ms, 2, True, False)]
     eps = sorted(hazard_episodes(lines, calls))
     assert [d for d, _ in eps] == [pytest.approx(0.5 * ms)] * 2 + [pytest.approx(4 * ms)]
     assert eps[-1][1] == pytest.approx(0.6 * ms) and eps[0][1] is None and eps[1][1] is None
     f = episode_figures(eps)
-    assert f["n"] == 3 and f["long"] == 1 and f["long_boosted_in_time"] == 1.0
+    assert f["n"] == 3 and f["long"] == 1 and f["due"] == 1 and f["due_in_time"] == 1.0
     assert f["reaction_p50_ms"] == pytest.approx(0.6) and f["p50_ms"] == pytest.approx(0.5)
-    assert episode_figures([])["long_boosted_in_time"] is None
+    assert episode_figures([])["due_in_time"] is None
+
+
+def test_an_episode_a_boost_ended_in_time_is_still_due_a_reaction():
+    ms = 1e-3
+    # over 1 ms and boosted late; cut short by a boost at 0.3 ms; over 1 ms, never boosted;
+    # short and never boosted (over on its own: due nothing); boosted, but after it ended
+    eps = [(4 * ms, 1.5 * ms), (0.4 * ms, 0.3 * ms), (2 * ms, None), (0.5 * ms, None), (0.5 * ms, None)]
+    f = episode_figures(eps)
+    assert f["long"] == 2 and f["due"] == 3
+    assert f["due_in_time"] == pytest.approx(1 / 3)
+    assert f["reaction_p50_ms"] == pytest.approx(1.5)       # of 0.3 and 1.5 ms: the sample at rank n / 2
     assert hazard_episodes({1: [(0.0, 1.0, RUNNABLE)]}, []) == []       # waiting alone is no hazard
 
 

@@ -126,5 +126,25 @@ def test_setattr_calls_are_paired_with_their_result_by_caller():
     python3-700     [001] .....   50.000200: sys_sched_setattr(pid: 0xb, uattr: 0x7f163045b0f0, flags: 0)
 """
     # 701's call on 12 failed (EBUSY); 700's second call has no exit in the trace yet
-    assert setattr_calls(text) == [(50.0001, 11, True), (50.00011, 12, False)]
+    assert setattr_calls(text) == [(50.0001, 11, True, False), (50.00011, 12, False, False)]
     assert setattr_calls(TRACE) == []
+
+
+def test_a_call_is_a_boost_when_the_thread_next_shows_a_realtime_or_deadline_priority():
+    text = """\
+    python3-700     [001] .....   50.000100: sys_sched_setattr(pid: 0xb, uattr: 0x7f163045b0f0, flags: 0)
+    python3-700     [001] .....   50.000120: sys_sched_setattr -> 0x0
+       CPU 1/TCG-12      [000] d..2.   50.000150: sched_switch: prev_comm=CPU 1/TCG prev_pid=12 prev_prio=120 prev_state=R+ ==> next_comm=CPU 0/TCG next_pid=11 next_prio=-1
+    python3-700     [001] .....   50.002000: sys_sched_setattr(pid: 0xb, uattr: 0x7f163045b0f0, flags: 0)
+    python3-700     [001] .....   50.002020: sys_sched_setattr -> 0x0
+    python3-700     [001] .....   50.003000: sys_sched_setattr(pid: 0xc, uattr: 0x7f163045b0f0, flags: 0)
+    python3-700     [001] .....   50.003020: sys_sched_setattr -> 0x0
+       CPU 0/TCG-11      [000] d..2.   50.004000: sched_switch: prev_comm=CPU 0/TCG prev_pid=11 prev_prio=120 prev_state=S ==> next_comm=CPU 1/TCG next_pid=12 next_prio=98
+    python3-700     [001] .....   50.005000: sys_sched_setattr(pid: 0xc, uattr: 0x7f163045b0f0, flags: 0)
+    python3-700     [001] .....   50.005020: sys_sched_setattr -> 0x0
+         <idle>-0       [001] dNh2.   50.006000: sched_wakeup: comm=CPU 1/TCG pid=12 prio=120 target_cpu=001
+"""
+    # 11: a deadline boost (-1 when next switched in), then its return (120 when it next leaves);
+    # 12: a SCHED_FIFO boost (98), then its return (120 at its wake-up)
+    assert [(tid, raised) for _, tid, _, raised in setattr_calls(text)] == [(11, True), (11, False), (12, True),
+                                                                              (12, False)]
