@@ -69,6 +69,7 @@ def test_hazard_episodes_and_the_boosts_that_answered_them():
     assert f["n"] == 3 and f["long"] == 1 and f["due"] == 1 and f["due_in_time"] == 1.0
     assert f["reaction_p50_ms"] == pytest.approx(0.6) and f["p50_ms"] == pytest.approx(0.5)
     assert episode_figures([])["due_in_time"] is None
+    assert hazard_episodes({1: [(0.0, 1.0, RUNNABLE)]}, []) == []       # waiting alone is no hazard
 
 
 def test_an_episode_a_boost_ended_in_time_is_still_due_a_reaction():
@@ -80,7 +81,6 @@ def test_an_episode_a_boost_ended_in_time_is_still_due_a_reaction():
     assert f["long"] == 2 and f["due"] == 3
     assert f["due_in_time"] == pytest.approx(1 / 3)
     assert f["reaction_p50_ms"] == pytest.approx(1.5)       # of 0.3 and 1.5 ms: the sample at rank n / 2
-    assert hazard_episodes({1: [(0.0, 1.0, RUNNABLE)]}, []) == []       # waiting alone is no hazard
 
 
 def test_partial_contention_when_nobody_runs():
