@@ -327,7 +327,8 @@ def test_a_boost_that_finds_no_budget_is_taken_back_at_once(tmp_path):
     """A vCPU whose boost found a budget left from an earlier reservation,
     at or below 0, would not run at all while boosted: it is returned at
     once (straight: its budget ran out) and counted as ``stale``, and not
-    boosted again before the knob allows."""
+    boosted with SCHED_DEADLINE again before the knob allows; its waits
+    take SCHED_FIFO boosts meanwhile."""
     from cosched.actuators.sched import LEAVE_MARGIN_NS
     fs, clock, sched = tree(tmp_path), Clock(), FakeSched()
     procs = Procs(fs, (100, 101))
@@ -340,20 +341,22 @@ def test_a_boost_that_finds_no_budget_is_taken_back_at_once(tmp_path):
         procs.runs(100)
         sw.tick()
     calls = lambda: [attr.policy for tid, attr in sched.calls if tid == 101]
-    assert calls() == ["deadline", "other"]
+    assert calls()[:2] == ["deadline", "other"]
     assert sw.take_stats().long_waits_held["stale"] == 1
     hold = 30 * MS + 2 * 65955 + LEAVE_MARGIN_NS
     while clock.now < hold - POLL:
         clock.now += POLL
         procs.runs(100)
         sw.tick()
-        assert len(calls()) == 2, clock.now
+        assert "deadline" not in calls()[2:], clock.now
+    assert "fifo" in calls()[2:]
     fs.write("/proc/101/sched", f"dl.runtime : 4000000\ndl.deadline : {clock.now + 8 * MS}\n")   # as the kernel shows it
-    for _ in range(3):
+    made = len(calls())
+    for _ in range(8):                   # its SCHED_FIFO boost over (boost-ms), the next is a deadline one
         clock.now += POLL
         procs.runs(100)
         sw.tick()
-    assert calls()[-1] == "deadline"
+    assert "deadline" in calls()[made:]
 
 
 def test_a_vcpu_returned_from_a_late_boost_is_not_boosted_for_the_zero_reservations_period(tmp_path):
@@ -377,9 +380,11 @@ def test_a_vcpu_returned_from_a_late_boost_is_not_boosted_for_the_zero_reservati
         procs.runs(100)                                # 101 waits behind the running 100
         sw.tick()
     sw.tick()
+    policies = lambda: [attr.policy for tid, attr in sched.calls if tid == 101]
     while clock.now < restored - POLL:
         step()
-        assert 101 not in sched.attrs, clock.now       # restored by the daemon: its boosts wait
+        assert "deadline" not in policies(), clock.now    # restored by the daemon: its deadline boosts wait
+    assert "fifo" in policies()                            # SCHED_FIFO ones meanwhile
     step()
     step()
     assert sched.attrs[101].policy == "deadline"
@@ -387,10 +392,10 @@ def test_a_vcpu_returned_from_a_late_boost_is_not_boosted_for_the_zero_reservati
     procs.runs(100)
     sw.tick()
     assert (101, zero) in sched.calls[-4:] and sched.calls[-1] == (101, SchedAttr())
-    returned = clock.now
+    returned, made = clock.now, len(sched.calls)
     while clock.now < returned + 100 * MS - POLL:
         step()
-        assert sched.attrs[101] == SchedAttr(), clock.now - returned
+        assert "deadline" not in [a.policy for t, a in sched.calls[made:] if t == 101], clock.now - returned
     step()
     step()
     assert sched.attrs[101].policy == "deadline"
@@ -669,28 +674,79 @@ def test_a_guest_whose_vcpu_exited_is_neither_granted_nor_boosted_again(tmp_path
     assert sched.attrs[200] == SchedAttr("fifo", priority=1)    # b boosts as before
 
 
-def test_a_boost_guest_holds_rt_runtime_only_once_a_vcpu_needs_the_fifo_fallback(tmp_path):
+def test_a_boost_guest_holds_rt_runtime_for_its_fifo_boosts(tmp_path):
+    """RT runtime serves the SCHED_FIFO boosts within a deadline boost's
+    period, and those of a vCPU refused SCHED_DEADLINE; it is held as long
+    as the guest is watched and given back on release."""
     fs, clock = tree(tmp_path, rt=True), Clock()
     Exits(fs)
     procs = Procs(fs, (100, 101))
     rt = lambda p: fs.read(f"{CPU}/machine/{p}cpu.rt_runtime_us")
     plan = replace(watched("boost", replace(member("a", rt=True, rt_us=100_000), boost_ms=2)), rt_top_us=900_000)
-    sw = Switcher(fs, 500 * MS, rt_top_us=900_000, sched=FakeSched().knob(fs, clock), clock=clock)
-    sw.apply(plan)
-    assert {rt(p) for p in ("", "a/", "a/vcpu1/")} == {"0"} and sw.exits == {}   # SCHED_DEADLINE needs none
     pinned = FakeSched(fail={"deadline": errno.EPERM})
     sw = Switcher(fs, 500 * MS, rt_top_us=900_000, sched=pinned.knob(fs, clock), clock=clock)
     sw.apply(plan)
+    assert rt("") == "900000" and rt("a/") == "200000" and rt("a/vcpu1/") == "100000" and len(sw.exits) == 2
     procs.runs(100)
     sw.tick()
     clock.now += POLL
     procs.runs(100)
     sw.tick()
     assert pinned.attrs[101] == SchedAttr("fifo", priority=1)
-    assert rt("") == "900000" and rt("a/") == "200000" and rt("a/vcpu1/") == "100000" and len(sw.exits) == 2
     sw.release_all()
     assert {rt(p) for p in ("", "a/", "a/vcpu0/", "a/vcpu1/")} == {"0"} and sw.exits == {}
 
+
+def test_a_boost_guest_whose_rt_runtime_grant_fails_boosts_with_sched_deadline_only(tmp_path, monkeypatch):
+    """No RT runtime, no SCHED_FIFO boosts: said once, the deadline boosts go on."""
+    fs, clock = tree(tmp_path, rt=True), Clock()
+    Exits(fs)
+    procs = Procs(fs, (100, 101))
+    real = fs.write
+
+    def refused(path, data):
+        if path.endswith("machine/a/vcpu1/cpu.rt_runtime_us") and data != "0":
+            raise OSError(errno.EINVAL, "Invalid argument")
+        real(path, data)
+    monkeypatch.setattr(fs, "write", refused)
+    sched = FakeSched()
+    sw = Switcher(fs, 500 * MS, rt_top_us=900_000, sched=sched.knob(fs, clock), clock=clock)
+    sw.apply(replace(watched("boost", replace(member("a", rt=True, rt_us=100_000), boost_ms=2)), rt_top_us=900_000))
+    assert len([e for e in sw.take_stats().errors if "boosts with SCHED_DEADLINE only" in e]) == 1
+    for _ in range(40):                               # 101 waits behind the running 100 for 20 ms
+        clock.now += POLL
+        procs.runs(100)
+        sw.tick()
+    assert {a.policy for t, a in sched.calls if t == 101} <= {"deadline", "other"}
+    assert any(a.policy == "deadline" for t, a in sched.calls if t == 101)
+
+
+def test_a_boost_guest_refused_sched_fifo_boosts_with_sched_deadline_only(tmp_path):
+    """Within a deadline boost's period a long wait takes SCHED_FIFO; where
+    the kernel refuses that (no RT runtime to be had), the guest says so
+    once and its vCPUs wait for their periods, boosted with SCHED_DEADLINE
+    only."""
+    from cosched.engine.switcher import FALLBACK_BOOST, boost_attr, fresh_ns
+    fs, clock = tree(tmp_path), Clock()
+    procs = Procs(fs, (100, 101))
+    for sched in (FakeSched(), FakeSched(fail={"fifo": errno.EPERM})):
+        sw = first_boost(fs, procs, clock, sched)
+        deadline = boost_attr(2, sw.share)
+        start = clock.now
+        while clock.now < start + 4 * fresh_ns(2, sw.share):
+            if sched.attrs.get(101) in (deadline, FALLBACK_BOOST):
+                procs.picked(101)                      # boosted: it gets a CPU, and is preempted again
+                procs.preempted(101)
+            clock.now += POLL
+            procs.runs(100)
+            sw.tick()
+        boosts = [a.policy for t, a in sched.calls if t == 101 and a in (deadline, FALLBACK_BOOST)]
+        errors = sw.take_stats().errors
+        if not sched.fail:
+            assert boosts.count("deadline") in (4, 5) and boosts.count("fifo") > 10 and errors == (), boosts
+        else:
+            assert boosts == ["deadline"] * len(boosts) and len(boosts) in (4, 5), boosts   # one per period
+            assert len([e for e in errors if "boosts with SCHED_DEADLINE only" in e]) == 1, errors
 
 def applied(fd, seq, timeout=5.0):
     """Read the switcher's replies from ``fd`` until it says plan ``seq`` is applied."""

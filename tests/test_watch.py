@@ -126,6 +126,51 @@ def test_bcs_boosts_a_vcpu_again_only_once_its_last_boosts_period_is_over():
     assert poll(bcs, 6 * MS, [a, b]).boost == [1, 0]
 
 
+def test_bcs_with_fifo_boosts_within_a_period_with_sched_fifo_and_with_deadline_after_it():
+    """With ``fifo``, a long wait of a vCPU whose last deadline boost began
+    less than a period ago is boosted with SCHED_FIFO instead of held; a
+    SCHED_FIFO boost starts no period, and the kernel's hold (:meth:`Bcs.hold`)
+    binds only deadline boosts."""
+    a, b = Thread(cpu=0), Thread(cpu=1)
+    bcs = Bcs(2, boost_ns=2 * MS, pause_ns=0, period_ns=5 * MS, fifo=True)
+    for t in (0, 1):
+        a.runs(MS)
+        acts = poll(bcs, t * MS, [a, b])
+    assert (acts.boost, acts.fifo) == ([1, 0], [])     # deadline boosts, from 1 ms
+    for t in (2, 3):
+        a.runs(MS)
+        acts = poll(bcs, t * MS, [a, b])
+    assert acts.unboost == [0, 1] and acts.held == {"pause": 1}    # over at 3 ms, b waiting on
+    a.runs(MS)
+    acts = poll(bcs, 3.5 * MS, [a, b])
+    assert (acts.boost, acts.fifo) == ([1, 0], [1, 0])  # the next look: within the period, SCHED_FIFO
+    b.picked()
+    a.runs(MS)
+    assert poll(bcs, 4 * MS, [a, b]).unboost == [1]     # it ran: over
+    b.waits()
+    for t in (4.5, 5):
+        a.runs(MS)
+        acts = poll(bcs, t * MS, [a, b])
+    assert (acts.boost, acts.fifo) == ([1], [1])        # a long wait again, still within the period
+    b.picked()
+    a.runs(MS)
+    assert poll(bcs, 5.5 * MS, [a, b]).unboost == [0, 1]   # a's boost-ms over, b ran
+    b.waits()
+    for t in (6, 6.5):
+        a.runs(MS)
+        acts = poll(bcs, t * MS, [a, b])
+    assert (acts.boost, acts.fifo) == ([1, 0], [])     # both periods over at 6 ms: deadline boosts
+    bcs.hold(1, 20 * MS)                                # the kernel holds b's deadline until 20 ms
+    b.picked()
+    a.runs(MS)
+    assert poll(bcs, 7 * MS, [a, b]).unboost == [1]
+    b.waits()
+    for t in (7.5, 8):
+        a.runs(MS)
+        acts = poll(bcs, t * MS, [a, b])
+    assert (acts.boost, acts.fifo) == ([1], [1])        # held for deadline boosts: SCHED_FIFO
+
+
 def test_bcs_boosts_the_runner_first_when_siblings_share_a_cpu():
     a, b = Thread(cpu=1), Thread(cpu=1)                # CFS stacked both on CPU 1
     bcs = Bcs(2, boost_ns=2 * MS, pause_ns=2 * MS)
@@ -347,16 +392,23 @@ def test_relaxed_counts_a_laggard_wait_it_could_not_boost():
        room=st.integers(0, 3), pause=st.sampled_from([0, 2 * MS]))
 def test_noisy_streams_never_freeze_every_vcpu_and_bound_boosts(n, script, cpus, room, pause):
     """Any stream: never all siblings co-stopped, never more boosts than the room,
-    and no boost outlives boost-ms by more than one poll."""
+    no boost outlives boost-ms by more than one poll, and deadline boosts of
+    a vCPU come a period apart at least."""
     threads = [Thread(cpu=cpus[i]) for i in range(n)]
     rel = Relaxed(n, costop_ns=3 * MS, costart_ns=2 * MS, boost_ns=2 * MS, pause_ns=pause)
     bcs = Bcs(n, boost_ns=2 * MS, pause_ns=pause)
+    fifo = Bcs(n, boost_ns=2 * MS, pause_ns=pause, period_ns=5 * MS, fifo=True)
+    deadline_at: dict[int, int] = {}
     since: dict[tuple[str, int], int] = {}
     for t, moves in enumerate(script):
         for thread, move in zip(threads, moves):
             {"run": lambda: thread.runs(MS), "wait": thread.waits, "pick": thread.picked, "sleep": thread.sleeps}[move]()
-        for name, rules in (("relaxed", rel), ("bcs", bcs)):
+        for name, rules in (("relaxed", rel), ("bcs", bcs), ("fifo", fifo)):
             acts = rules.step(t * MS, [x.seen() for x in threads], room)
+            assert set(acts.fifo) <= set(acts.boost) and (name == "fifo" or not acts.fifo)
+            for i in (set(acts.boost) - set(acts.fifo) if name == "fifo" else ()):
+                assert t * MS - deadline_at.get(i, -5 * MS) >= 5 * MS      # a deadline boost a period apart
+                deadline_at[i] = t * MS
             for i in acts.unboost:
                 since.pop((name, i))
             for i in acts.boost:

@@ -36,7 +36,8 @@ switch-ins (``/proc/TID/schedstat``) and, after either changed, its
 switch-outs (``/proc/TID/status``: whether it is on a CPU), read through
 descriptors kept open (as are the cgroups' ``cgroup.freeze`` and ``cgroup.events``);
 the rules of :mod:`cosched.policy.watch` say whom to boost, co-stop or
-co-start. A watched boost is SCHED_DEADLINE (see :func:`boost_attr`).
+co-start. A watched boost is SCHED_DEADLINE (see :func:`boost_attr`), or
+SCHED_FIFO within the period of the vCPU's last deadline boost.
 
 The kernel's deadline admission total goes wrong when it rebuilds its root
 domains while a boost's bandwidth is pending release (a cpuset change:
@@ -96,7 +97,7 @@ REFUSED_CHECK_NS = 100_000_000       # and this often after a refused boost when
 
 
 def boost_attr(boost_ms: float, share: float = MAX_SHARE) -> SchedAttr:
-    """The attributes of a watched boost: SCHED_DEADLINE, not SCHED_FIFO.
+    """The attributes of a watched deadline boost.
 
     Measured on a kernel with RT group scheduling: SCHED_FIFO on a vCPU
     thread fails with EPERM unless RT runtime is granted along its cgroup
@@ -112,10 +113,13 @@ def boost_attr(boost_ms: float, share: float = MAX_SHARE) -> SchedAttr:
     Measured against the alternatives on two and four ``barrier`` guests
     (``benchmarks/evidence/boost-reaction-fifo/``): SCHED_FIFO boosts on
     RT runtime grants, free to repeat at once (no period to wait, below),
-    answered 94-95% of the waits due a boost within 1 ms where these answer
-    37-40%, but gave the guests 32% and 24% of the ideal where these give
-    49% and 42%; a larger share (0.8 of a CPU, so shorter periods) had the
-    kernel refuse more boosts and gave 9% and 12%.
+    answered 94-95% of the waits due a boost within 1 ms where these alone
+    answered 37-40%, but gave the guests 32% and 24% of the ideal where
+    these gave 49% and 42%; a larger share (0.8 of a CPU, so shorter
+    periods) had the kernel refuse more boosts and gave 9% and 12%. Both
+    kinds together, this one where the kernel gives it afresh and
+    SCHED_FIFO within its period (:class:`cosched.policy.watch.Bcs`), answered 84-90%
+    and gave 51-59% and 47-59% (``benchmarks/evidence/boost-fifo-between/``).
 
     A boost must start afresh. The kernel keeps a thread's deadline budget
     and deadline after it leaves SCHED_DEADLINE, and hands them back if it
@@ -124,9 +128,9 @@ def boost_attr(boost_ms: float, share: float = MAX_SHARE) -> SchedAttr:
     (not run at all, by any class) until the deadline; worse, a budget
     that runs out while the thread holds the zero reservation it leaves
     through (:mod:`cosched.actuators.sched`) is replenished at that
-    reservation's rate, which moves its deadline seconds away. So a vCPU is
-    boosted again only once the period of its last boost, counted from that
-    boost's start, has ended (:class:`cosched.policy.watch.Bcs`,
+    reservation's rate, which moves its deadline seconds away. So a vCPU
+    takes this boost again only once the period of its last one, counted
+    from that boost's start, has ended (:class:`cosched.policy.watch.Bcs`,
     ``period_ns``): 8 ms for a 2 ms boost at half a CPU; nor before the
     kernel has let go of its last boost
     (:meth:`cosched.actuators.sched.SchedKnob.quiet_until`: a vCPU returned
@@ -315,8 +319,10 @@ class Switcher:
     def _grant(self) -> None:
         """Hold the RT runtime every boosted member needs (RT group scheduling only).
 
-        A ``boost`` guest holds none until one of its vCPUs takes the
-        SCHED_FIFO fallback (SCHED_DEADLINE needs no RT runtime). Each vCPU
+        A ``boost`` guest's grant serves its SCHED_FIFO boosts (those
+        within a deadline boost's period, and those of a vCPU refused
+        SCHED_DEADLINE); without it, it boosts with SCHED_DEADLINE only,
+        which needs no RT runtime. Each vCPU
         holding runtime has an exit descriptor: once one exits, its guest's
         runtime is given back at once, before libvirt removes the guest's
         cgroups (a removed group keeps its runtime counted: see
@@ -326,7 +332,7 @@ class Switcher:
         owners: list[tuple[CellState | Watched, pr.MemberPlan, str, list]] = [
             (cell, m.plan, cell.id, m.keys()) for cell in self.cells.values() for m in cell.members if m.plan.priority]
         owners += [(w, w.plan, w.cell, list(w.keys)) for w in self.watched.values()
-                   if w.plan.boost_ms and (w.refused or not isinstance(w.rules, Bcs))]
+                   if w.plan.boost_ms]
         owners = [o for o in owners if o[1].rt_vcpu_us and any(v.rt_chain for v in o[1].vcpus) and not o[0].boost_failed]
         self._watch_exits([k for o in owners for k in o[3]])
         wanted: dict[str, int] = {}
@@ -345,13 +351,19 @@ class Switcher:
         for path in sorted(self.rt.grant(wanted)):
             who, cid = owner[path]
             if isinstance(who, Watched) and isinstance(who.rules, Bcs):
-                # boost's boosts are SCHED_DEADLINE, which needs no RT runtime;
-                # the grant serves only the SCHED_FIFO fallback of a pinned vCPU
-                self._error(f"RT runtime grant {path} failed; {cid} boosts without a SCHED_FIFO fallback")
+                self._fifo_off(who, f"RT runtime grant {path} failed")
             elif not who.boost_failed:
                 who.boost_failed = f"RT runtime grant {path} failed; {cid} runs " + (
                     "without boosts" if isinstance(who, Watched) else "freeze-only")
                 self._error(who.boost_failed)
+
+    def _fifo_off(self, w: Watched, why: str) -> None:
+        """A ``boost`` guest that cannot have SCHED_FIFO boosts: from now on
+        it boosts a vCPU only when a deadline boost is allowed (said once)."""
+        if w.rules.fifo:
+            w.rules.fifo = False
+            self._error(f"domain={w.plan.name}: {why}; {w.cell} boosts with SCHED_DEADLINE only, "
+                        "a vCPU again once its last boost's period is over")
 
     def _watch_exits(self, keys: list) -> None:
         """Keep an exit descriptor for exactly these vCPUs (those holding RT runtime)."""
@@ -455,7 +467,7 @@ class Switcher:
             rules = Relaxed(n, int(m.costop_ms * 1e6), int(m.costart_ms * 1e6), int(m.boost_ms * 1e6),
                             int(m.pause_ms * 1e6), fresh_ns(m.boost_ms, self.share), WATCH_POLL_NS)
         else:
-            rules = Bcs(n, int(m.boost_ms * 1e6), int(m.pause_ms * 1e6), fresh_ns(m.boost_ms, self.share))
+            rules = Bcs(n, int(m.boost_ms * 1e6), int(m.pause_ms * 1e6), fresh_ns(m.boost_ms, self.share), fifo=True)
         for i, v in enumerate(m.vcpus):      # returned from a deadline boost lately, here or by the daemon
             rules.hold(i, max(v.quiet_until, self.sched.quiet_until(v.tid)))
         fds = []
@@ -499,13 +511,15 @@ class Switcher:
         except (OSError, ValueError):
             return None
 
-    def _boost_watched(self, w: Watched, i: int) -> bool:
+    def _boost_watched(self, w: Watched, i: int, fifo: bool) -> bool:
+        """Boost vCPU ``i`` of ``w``: SCHED_DEADLINE, or SCHED_FIFO where its
+        rules ask (``fifo``) or SCHED_DEADLINE was refused."""
         key = w.keys[i]
         st = self.vstate.setdefault(key, VState())
         if st.boosted:
             return True
         tid = w.plan.vcpus[i].tid
-        if i not in w.refused:
+        if i not in w.refused and not fifo:
             try:
                 self.sched.apply(tid, boost_attr(w.plan.boost_ms, self.share))
                 w.rules.started(i, self.clock())   # the boost began before this
@@ -520,19 +534,20 @@ class Switcher:
                     self.counters.held["refused"] += 1
                     self._refused = True
                     return False
-                first = not w.refused
                 w.refused[i] = e.errno
-                if isinstance(w.rules, Bcs) and first:
-                    self._grant()             # its SCHED_FIFO fallback needs RT runtime: granted from now on
-        if i in w.refused:
+        if i in w.refused or fifo:
             try:
                 self.sched.apply(tid, FALLBACK_BOOST)     # e.g. pinned to a subset: no SCHED_DEADLINE
             except OSError as e:
-                if e.errno not in GONE:
+                if e.errno in GONE:
+                    return False
+                if i in w.refused:
                     w.boost_failed = (f"boost impossible for domain {w.plan.name}: {os.strerror(w.refused[i])} for "
                                       f"SCHED_DEADLINE, {os.strerror(e.errno)} for SCHED_FIFO; "
                                       f"{w.cell} runs without boosts")
                     self._error(w.boost_failed)
+                else:
+                    self._fifo_off(w, f"{os.strerror(e.errno)} for SCHED_FIFO")
                 return False
             stale = False
         st.boosted = True
@@ -581,7 +596,7 @@ class Switcher:
                 if self.vstate[keys[i]].frozen:
                     self.counters.add(self.counters.costops, keys[i])
             for i in acts.boost:
-                if self._boost_watched(w, i):
+                if self._boost_watched(w, i, i in acts.fifo):
                     room -= 1
                 else:
                     rules.cancel(i)

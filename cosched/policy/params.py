@@ -24,9 +24,10 @@ Kinds and their parameters:
     sibling is raised above ordinary tasks until it has run, for at most
     ``boost-ms`` (1-100, default 2); the same vCPU is then not boosted again
     for ``pause-ms`` (0-100, default 0: from the next look on; measured in
-    ``benchmarks/evidence/boost-pause/``), nor before the kernel has let go
-    of its last boost's budget (the period of its reservation, from the
-    boost's start: :func:`cosched.engine.switcher.boost_attr`).
+    ``benchmarks/evidence/boost-pause/``). A boost is SCHED_DEADLINE once
+    the kernel has let go of the vCPU's last one's budget (the period of
+    its reservation, from the boost's start:
+    :func:`cosched.engine.switcher.boost_attr`), SCHED_FIFO before.
     ``window-ms``, ``priority`` and
     ``weight`` belonged to an earlier, rotating ``boost``; they are still
     accepted (so existing annotations stay valid) and have no effect.

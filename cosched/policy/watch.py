@@ -36,11 +36,16 @@ change. Per poll, a vCPU
     ends as soon as the vCPU is switched in (it has run; a running one is
     switched in again only after it lost its CPU), when it blocks, or after
     ``boost-ms``; the same vCPU is then not boosted again for ``pause-ms``
-    (0: from the next look on), and never before the period of its last
-    boost's deadline reservation has ended, counted from that boost's
-    start (``period_ns``): until then the kernel hands the thread the
-    budget it left with (:func:`cosched.engine.switcher.boost_attr` says
-    why and how long), nor while the switcher holds it (:meth:`Bcs.hold`).
+    (0: from the next look on). A boost is a deadline reservation
+    (:func:`cosched.engine.switcher.boost_attr`), but not before the period
+    of the vCPU's last one has ended, counted from that boost's start
+    (``period_ns``: until then the kernel hands the thread the budget it
+    left with), nor while the switcher holds it (:meth:`Bcs.hold`);
+    meanwhile its boosts are SCHED_FIFO (``fifo``, :attr:`Actions.fifo`).
+    Deadline boosts alone left most long waits of
+    ``barrier`` guests held for the period and boosted 28-48% of the waits
+    due a boost within 1 ms; with SCHED_FIFO boosts between, 84-90%, and
+    the guests ran faster (``benchmarks/evidence/boost-fifo-between/``).
     Never more boosts at once than the switcher allows (``room``): the
     waiting first, then the runners. A long wait left unboosted is
     counted once, under the first reason: ``room`` (every boost the
@@ -150,6 +155,8 @@ class Actions:
     """What to do to a guest's vCPUs, by index, in this order."""
 
     boost: list[int] = field(default_factory=list)
+    fifo: list[int] = field(default_factory=list)        # of those, to boost with SCHED_FIFO: not yet
+                                                         # a deadline boost (:class:`Bcs`, ``fifo``)
     unboost: list[int] = field(default_factory=list)
     freeze: list[int] = field(default_factory=list)
     thaw: list[int] = field(default_factory=list)
@@ -160,7 +167,9 @@ class Actions:
 class _Vcpu:
     boosted_at: int | None = None
     boost_picks: int = 0
-    quiet_until: int = 0
+    quiet_until: int = 0             # no boost before (pause-ms)
+    deadline_after: int = 0          # no deadline boost before (its last one's period; the kernel's hold)
+    fifo: bool = False               # its boost is SCHED_FIFO
     progress: int = 0
     run_ns: int | None = None        # its run time at the last look
     frozen: bool = False
@@ -175,12 +184,20 @@ def _waiting(vcpus: list[_Vcpu], seen: list[Seen]) -> list[bool]:
 
 
 class Bcs:
-    """Boost co-scheduling of one guest with ``n`` vCPUs (see the module doc)."""
+    """Boost co-scheduling of one guest with ``n`` vCPUs (see the module doc).
 
-    def __init__(self, n: int, boost_ns: int, pause_ns: int, period_ns: int = 0):
+    ``period_ns``: no deadline boost of a vCPU sooner after its last one
+    began, nor before :meth:`hold`'s time. With ``fifo``, a long wait of a
+    vCPU that may not take a deadline boost yet is boosted with SCHED_FIFO
+    instead (:attr:`Actions.fifo`), which no period binds; without, it is
+    held, and every boost counts as a deadline boost.
+    """
+
+    def __init__(self, n: int, boost_ns: int, pause_ns: int, period_ns: int = 0, fifo: bool = False):
         self.boost_ns = boost_ns
         self.pause_ns = pause_ns
-        self.period_ns = period_ns   # of a boost's reservation: no boost of a vCPU sooner after its last began
+        self.period_ns = period_ns
+        self.fifo = fifo
         self.vcpus = [_Vcpu() for _ in range(n)]
         self.every = 1           # look at this guest every that many polls
         self.next_in = 1         # polls until the next look
@@ -225,17 +242,24 @@ class Bcs:
             self.vcpus[i].boosted_at = at
 
     def hold(self, i: int, until: int) -> None:
-        """No boost of vCPU ``i`` before ``until``: the kernel may hold a
-        deadline that far away for it, which a boost would inherit
+        """No deadline boost of vCPU ``i`` before ``until``: the kernel may
+        hold a deadline that far away for it, which a boost would inherit
         (:meth:`cosched.actuators.sched.SchedKnob.quiet_until`)."""
-        self.vcpus[i].quiet_until = max(self.vcpus[i].quiet_until, until)
+        self.vcpus[i].deadline_after = max(self.vcpus[i].deadline_after, until)
+
+    def _why_not(self, v: _Vcpu, now: int) -> str | None:
+        """Why vCPU ``v`` may not be boosted now (one of :data:`HELD`), or None."""
+        if now < v.quiet_until or (now < v.deadline_after and not self.fifo):
+            return "pause"
+        return None
 
     def _ends(self, now: int, seen: list[Seen], out: Actions) -> None:
         for i, (v, s) in enumerate(zip(self.vcpus, seen)):
             if v.boosted_at is not None and (s.picks > v.boost_picks or not s.runnable
                                              or now - v.boosted_at >= self.boost_ns):
-                # 0: from the next look; not before the kernel let go of this boost's budget
-                v.quiet_until = max(now + max(self.pause_ns, 1), v.boosted_at + self.period_ns)
+                v.quiet_until = now + max(self.pause_ns, 1)     # 0: from the next look
+                if not v.fifo:          # not before the kernel let go of this boost's budget
+                    v.deadline_after = max(v.deadline_after, v.boosted_at + self.period_ns)
                 v.boosted_at = None
                 out.unboost.append(i)
 
@@ -249,7 +273,10 @@ class Bcs:
     def _start(self, i: int, now: int, seen: list[Seen], out: Actions) -> None:
         v = self.vcpus[i]
         v.boosted_at, v.boost_picks = now, seen[i].picks
+        v.fifo = self.fifo and now < v.deadline_after
         out.boost.append(i)
+        if v.fifo:
+            out.fifo.append(i)
 
     def step(self, now: int, seen: list[Seen], room: int, waited=None, trigger=None) -> Actions:
         """React to one poll; boost at most ``room`` vCPUs.
@@ -272,8 +299,9 @@ class Bcs:
                     continue
                 stacked = [j for j in running if seen[j].cpu == s.cpu and s.cpu is not None
                            and self.vcpus[j].boosted_at is None]
-                if any(now < self.vcpus[j].quiet_until for j in [i, *stacked[:1]]):
-                    self._held(i, seen, out, "pause")     # it, or the runner it needs boosted first
+                why = next(filter(None, (self._why_not(self.vcpus[j], now) for j in [i, *stacked[:1]])), None)
+                if why:
+                    self._held(i, seen, out, why)         # it, or the runner it needs boosted first
                     continue
                 if full or room < 1 + len(stacked[:1]):
                     full = True                       # the room goes in order: the later ones wait too
@@ -287,7 +315,7 @@ class Bcs:
             if out.boost and trigger is None:        # hold the runners' CPUs while the others start
                 for j in running:
                     v = self.vcpus[j]
-                    if room > 0 and v.boosted_at is None and now >= v.quiet_until:
+                    if room > 0 and v.boosted_at is None and not self._why_not(v, now):
                         self._start(j, now, seen, out)
                         room -= 1
         return out

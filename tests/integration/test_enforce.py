@@ -274,11 +274,12 @@ def start_under(gs, preset: str, tmp_path) -> tuple[dict, DaemonProcess]:
 
 def watch_from_outside(seconds: float, names=NAMES) -> dict:
     """Sample, from outside the daemon, every vCPU's policy and freeze state:
-    per guest, how many samples saw a vCPU under SCHED_DEADLINE, saw one frozen,
-    and saw all of them frozen in two passes in a row."""
+    per guest, how many samples saw a vCPU under SCHED_DEADLINE, under
+    SCHED_FIFO, saw one frozen, and saw all of them frozen in two passes in a row."""
     cgs = {n: vcpu_cgroups(n) for n in names if os.path.exists(f"/run/libvirt/qemu/{n}.pid")}
     tids = {n: vcpu_tids(n) for n in cgs}
-    seen = {n: {"deadline": 0, "frozen": 0, "all_frozen": 0, "policies": {t: set() for t in tids[n]}} for n in cgs}
+    seen = {n: {"deadline": 0, "fifo": 0, "frozen": 0, "all_frozen": 0, "policies": {t: set() for t in tids[n]}}
+            for n in cgs}
     prev_all = {n: False for n in cgs}
     samples = 0
     end = time.monotonic() + seconds
@@ -288,6 +289,7 @@ def watch_from_outside(seconds: float, names=NAMES) -> dict:
             for t, p in policies.items():
                 seen[n]["policies"][t].add(p)
             seen[n]["deadline"] += SCHED_DEADLINE in policies.values()
+            seen[n]["fifo"] += os.SCHED_FIFO in policies.values()
             frozen = [open(f"{cg}/cgroup.events").read().split()[-1] == "1" for cg in cgs[n]]
             seen[n]["frozen"] += any(frozen)
             seen[n]["all_frozen"] += all(frozen) and prev_all[n]
@@ -316,6 +318,7 @@ def test_boost_raises_waiting_siblings_then_restores_what_they_had(trio, tmp_pat
         assert code == 0
         assert all(n > 0 for n in boosts.values()), f"a guest was never boosted: {boosts}"
         assert sum(seen[n]["deadline"] for n in NAMES) > 0, "no vCPU was seen boosted from outside"
+        assert sum(seen[n]["fifo"] for n in NAMES) > 0, "no SCHED_FIFO boost within a deadline boost's period seen"
         # a vCPU is frozen only for the instant of a return through the zero reservation: never co-stopped
         assert all(seen[n]["frozen"] <= seen["samples"] // 20 and seen[n]["all_frozen"] == 0 for n in NAMES), \
             "boost froze vCPUs for longer than a return"
