@@ -697,6 +697,20 @@ def test_a_boost_guest_holds_rt_runtime_for_its_fifo_boosts(tmp_path):
     assert {rt(p) for p in ("", "a/", "a/vcpu0/", "a/vcpu1/")} == {"0"} and sw.exits == {}
 
 
+def test_a_boost_guests_sched_fifo_boosts_are_budgeted_by_its_rt_runtime(tmp_path):
+    """Nine tenths of each vCPU's RT runtime per period where RT group
+    scheduling grants it; no bound where it does not."""
+    fs, clock = tree(tmp_path, rt=True), Clock()
+    Exits(fs)
+    Procs(fs, (100, 101, 200, 201))
+    sw = Switcher(fs, 500 * MS, rt_top_us=900_000, sched=FakeSched().knob(fs, clock), clock=clock)
+    sw.apply(replace(watched("boost", replace(member("a", rt=True, rt_us=100_000), boost_ms=2),
+                             replace(member("b"), boost_ms=2)), rt_top_us=900_000))
+    assert sw.watched["a"].rules.fifo_budget_ns == 90 * MS
+    assert sw.watched["b"].rules.fifo_budget_ns is None
+    sw.release_all()
+
+
 def test_a_boost_guest_whose_rt_runtime_grant_fails_boosts_with_sched_deadline_only(tmp_path, monkeypatch):
     """No RT runtime, no SCHED_FIFO boosts: said once, the deadline boosts go on."""
     fs, clock = tree(tmp_path, rt=True), Clock()

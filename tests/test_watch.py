@@ -171,6 +171,39 @@ def test_bcs_with_fifo_boosts_within_a_period_with_sched_fifo_and_with_deadline_
     assert (acts.boost, acts.fifo) == ([1], [1])        # held for deadline boosts: SCHED_FIFO
 
 
+def test_bcs_holds_sched_fifo_boosts_past_their_runtime_budget_until_the_window_moves_on():
+    """A vCPU's SCHED_FIFO boosts may last ``fifo_budget_ns`` in all over any
+    second (its RT runtime: past it the kernel would throttle it); a long
+    wait beyond is held (``runtime``) until a deadline boost or the window
+    allows one."""
+    from cosched.policy.watch import FIFO_WINDOW_NS
+    a, b = Thread(cpu=0), Thread(cpu=1)
+    bcs = Bcs(2, boost_ns=2 * MS, pause_ns=0, period_ns=100 * MS, fifo=True, fifo_budget_ns=5 * MS)
+    bcs.hold(0, 10 * FIFO_WINDOW_NS)                    # no deadline boosts at all here
+    bcs.hold(1, 10 * FIFO_WINDOW_NS)
+    boosted, held = [], {}
+    t = 0
+    while t < 30 * MS:
+        a.runs(MS)
+        if 1 in bcs.boosted:
+            b.ran_unseen(MS)                            # it got a CPU for a while, and is queued again
+        acts = poll(bcs, t, [a, b])
+        boosted += [(t, i) for i in acts.boost]
+        assert acts.fifo == acts.boost
+        for why, n in acts.held.items():
+            held[why] = held.get(why, 0) + n
+        t += MS // 2
+    # each boost of b lasts one look (0.5 ms): boosted while what it spent and a whole boost fit in 5 ms
+    assert [i for _, i in boosted].count(1) == 7 and held.get("runtime") == 1, (boosted, held)
+    assert max(t for t, i in boosted if i == 1) == 6.5 * MS
+    a.runs(MS)
+    assert 1 not in poll(bcs, FIFO_WINDOW_NS // 2, [a, b]).boost   # half a window on: still spent
+    late = FIFO_WINDOW_NS + boosted[0][0] + 2 * MS        # the first boosts' time has left the window
+    a.runs(MS)
+    acts = poll(bcs, late, [a, b])
+    assert 1 in acts.boost and acts.fifo == acts.boost
+
+
 def test_bcs_boosts_the_runner_first_when_siblings_share_a_cpu():
     a, b = Thread(cpu=1), Thread(cpu=1)                # CFS stacked both on CPU 1
     bcs = Bcs(2, boost_ns=2 * MS, pause_ns=2 * MS)
@@ -392,12 +425,15 @@ def test_relaxed_counts_a_laggard_wait_it_could_not_boost():
        room=st.integers(0, 3), pause=st.sampled_from([0, 2 * MS]))
 def test_noisy_streams_never_freeze_every_vcpu_and_bound_boosts(n, script, cpus, room, pause):
     """Any stream: never all siblings co-stopped, never more boosts than the room,
-    no boost outlives boost-ms by more than one poll, and deadline boosts of
-    a vCPU come a period apart at least."""
+    no boost outlives boost-ms by more than one poll, deadline boosts of
+    a vCPU come a period apart at least, and its SCHED_FIFO boosts stay
+    within their budget."""
     threads = [Thread(cpu=cpus[i]) for i in range(n)]
     rel = Relaxed(n, costop_ns=3 * MS, costart_ns=2 * MS, boost_ns=2 * MS, pause_ns=pause)
     bcs = Bcs(n, boost_ns=2 * MS, pause_ns=pause)
-    fifo = Bcs(n, boost_ns=2 * MS, pause_ns=pause, period_ns=5 * MS, fifo=True)
+    fifo = Bcs(n, boost_ns=2 * MS, pause_ns=pause, period_ns=5 * MS, fifo=True, fifo_budget_ns=5 * MS)
+    fifo_since: dict[int, int] = {}
+    fifo_spent = [0] * n
     deadline_at: dict[int, int] = {}
     since: dict[tuple[str, int], int] = {}
     for t, moves in enumerate(script):
@@ -409,6 +445,13 @@ def test_noisy_streams_never_freeze_every_vcpu_and_bound_boosts(n, script, cpus,
             for i in (set(acts.boost) - set(acts.fifo) if name == "fifo" else ()):
                 assert t * MS - deadline_at.get(i, -5 * MS) >= 5 * MS      # a deadline boost a period apart
                 deadline_at[i] = t * MS
+            for i in (acts.unboost if name == "fifo" else ()):
+                if i in fifo_since:
+                    fifo_spent[i] += t * MS - fifo_since.pop(i)
+            for i in (acts.fifo if name == "fifo" else ()):
+                fifo_since[i] = t * MS
+            # the script spans less than the budget's window
+            assert all(fifo_spent[i] + (t * MS - fifo_since.get(i, t * MS)) <= 5 * MS for i in range(n))
             for i in acts.unboost:
                 since.pop((name, i))
             for i in acts.boost:

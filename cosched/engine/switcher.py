@@ -37,7 +37,8 @@ switch-outs (``/proc/TID/status``: whether it is on a CPU), read through
 descriptors kept open (as are the cgroups' ``cgroup.freeze`` and ``cgroup.events``);
 the rules of :mod:`cosched.policy.watch` say whom to boost, co-stop or
 co-start. A watched boost is SCHED_DEADLINE (see :func:`boost_attr`), or
-SCHED_FIFO within the period of the vCPU's last deadline boost.
+SCHED_FIFO within the period of the vCPU's last deadline boost (see
+:func:`fifo_budget_ns`).
 
 The kernel's deadline admission total goes wrong when it rebuilds its root
 domains while a boost's bandwidth is pending release (a cpuset change:
@@ -118,8 +119,9 @@ def boost_attr(boost_ms: float, share: float = MAX_SHARE) -> SchedAttr:
     these gave 49% and 42%; a larger share (0.8 of a CPU, so shorter
     periods) had the kernel refuse more boosts and gave 9% and 12%. Both
     kinds together, this one where the kernel gives it afresh and
-    SCHED_FIFO within its period (:class:`cosched.policy.watch.Bcs`), answered 84-90%
-    and gave 51-59% and 47-59% (``benchmarks/evidence/boost-fifo-between/``).
+    SCHED_FIFO within its period (:class:`cosched.policy.watch.Bcs`),
+    answered 82-90% and gave 47-59% at either count
+    (``benchmarks/evidence/boost-fifo-between/``).
 
     A boost must start afresh. The kernel keeps a thread's deadline budget
     and deadline after it leaves SCHED_DEADLINE, and hands them back if it
@@ -153,6 +155,20 @@ def boost_attr(boost_ms: float, share: float = MAX_SHARE) -> SchedAttr:
 
 
 FALLBACK_BOOST = SchedAttr("fifo", priority=1)
+FIFO_BUDGET_SHARE = 0.9      # of a vCPU's RT runtime, for its SCHED_FIFO boosts within deadline boosts' periods
+
+
+def fifo_budget_ns(m: pr.MemberPlan) -> int | None:
+    """The time a ``boost`` guest's vCPU may spend in SCHED_FIFO boosts per
+    RT period (:class:`cosched.policy.watch.Bcs`): nine tenths of the RT
+    runtime granted to its cgroup on kernels with RT group scheduling,
+    past which the kernel throttles it: a sampler of the kernel's RT run
+    queues found a vCPU group throttled 31 times in a run of every
+    workload without this bound, never in two runs with it
+    (``benchmarks/evidence/boost-fifo-between/``). No bound elsewhere."""
+    if not m.rt_vcpu_us or not any(v.rt_chain for v in m.vcpus):
+        return None
+    return int(m.rt_vcpu_us * 1000 * FIFO_BUDGET_SHARE)
 
 
 def fresh_ns(boost_ms: float, share: float) -> int:
@@ -467,7 +483,8 @@ class Switcher:
             rules = Relaxed(n, int(m.costop_ms * 1e6), int(m.costart_ms * 1e6), int(m.boost_ms * 1e6),
                             int(m.pause_ms * 1e6), fresh_ns(m.boost_ms, self.share), WATCH_POLL_NS)
         else:
-            rules = Bcs(n, int(m.boost_ms * 1e6), int(m.pause_ms * 1e6), fresh_ns(m.boost_ms, self.share), fifo=True)
+            rules = Bcs(n, int(m.boost_ms * 1e6), int(m.pause_ms * 1e6), fresh_ns(m.boost_ms, self.share), fifo=True,
+                        fifo_budget_ns=fifo_budget_ns(m))
         for i, v in enumerate(m.vcpus):      # returned from a deadline boost lately, here or by the daemon
             rules.hold(i, max(v.quiet_until, self.sched.quiet_until(v.tid)))
         fds = []

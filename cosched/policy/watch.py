@@ -41,16 +41,18 @@ change. Per poll, a vCPU
     of the vCPU's last one has ended, counted from that boost's start
     (``period_ns``: until then the kernel hands the thread the budget it
     left with), nor while the switcher holds it (:meth:`Bcs.hold`);
-    meanwhile its boosts are SCHED_FIFO (``fifo``, :attr:`Actions.fifo`).
-    Deadline boosts alone left most long waits of
+    meanwhile its boosts are SCHED_FIFO (``fifo``, :attr:`Actions.fifo`),
+    within an RT runtime budget where the kernel has one
+    (``fifo_budget_ns``). Deadline boosts alone left most long waits of
     ``barrier`` guests held for the period and boosted 28-48% of the waits
-    due a boost within 1 ms; with SCHED_FIFO boosts between, 84-90%, and
+    due a boost within 1 ms; with SCHED_FIFO boosts between, 82-90%, and
     the guests ran faster (``benchmarks/evidence/boost-fifo-between/``).
     Never more boosts at once than the switcher allows (``room``): the
     waiting first, then the runners. A long wait left unboosted is
     counted once, under the first reason: ``room`` (every boost the
-    switcher allows is taken) or ``pause`` (the last boost of its vCPU, or
-    of the runner it is queued behind, ended less than ``pause-ms`` ago);
+    switcher allows is taken), ``pause`` (the last boost of its vCPU, or
+    of the runner it is queued behind, ended less than ``pause-ms`` ago)
+    or ``runtime`` (its SCHED_FIFO boosts used their budget);
     status's ``long_waits_held``, where the switcher adds the boosts the
     kernel ``refused`` and those it took back at once because the kernel
     gave them no budget to run on (``stale``: left from an earlier
@@ -117,12 +119,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-HELD = ("room", "pause", "refused", "stale", "check")   # why a long wait was not boosted (status's
-                                                        # long_waits_held; check: the switcher's, see there)
+HELD = ("room", "pause", "runtime", "refused", "stale", "check")   # why a long wait was not boosted (status's
+                                                                   # long_waits_held; check: the switcher's)
 CALM_LOOKS = 16      # looks without a long wait before a boost guest is looked at half as often
 IDLE_SHARE = 0.5     # a guest whose vCPUs idle more of their active time than this (smoothed over looks)
 IDLE_EVERY = 4       # is looked at every 4th poll (2 ms) at the most
 SLOWEST = 16         # at most every 16th poll (8 ms)
+FIFO_WINDOW_NS = 1_000_000_000   # RT runtime is granted per period (cpu.rt_period_us: 1 s unless changed)
 
 
 @dataclass(frozen=True)
@@ -170,6 +173,7 @@ class _Vcpu:
     quiet_until: int = 0             # no boost before (pause-ms)
     deadline_after: int = 0          # no deadline boost before (its last one's period; the kernel's hold)
     fifo: bool = False               # its boost is SCHED_FIFO
+    fifo_spent: list = field(default_factory=list)   # (end, ns) of its SCHED_FIFO boosts in the last window
     progress: int = 0
     run_ns: int | None = None        # its run time at the last look
     frozen: bool = False
@@ -190,14 +194,21 @@ class Bcs:
     began, nor before :meth:`hold`'s time. With ``fifo``, a long wait of a
     vCPU that may not take a deadline boost yet is boosted with SCHED_FIFO
     instead (:attr:`Actions.fifo`), which no period binds; without, it is
-    held, and every boost counts as a deadline boost.
+    held, and every boost counts as a deadline boost. ``fifo_budget_ns``
+    (None: no limit) bounds the time a vCPU spends in SCHED_FIFO boosts
+    over any :data:`FIFO_WINDOW_NS`, from their start to their end as the
+    looks saw them (at least the time it ran in them): the RT runtime
+    granted to its cgroup, past which the kernel throttles it, and a
+    throttled vCPU boosted with SCHED_FIFO does not run at all.
     """
 
-    def __init__(self, n: int, boost_ns: int, pause_ns: int, period_ns: int = 0, fifo: bool = False):
+    def __init__(self, n: int, boost_ns: int, pause_ns: int, period_ns: int = 0, fifo: bool = False,
+                 fifo_budget_ns: int | None = None):
         self.boost_ns = boost_ns
         self.pause_ns = pause_ns
         self.period_ns = period_ns
         self.fifo = fifo
+        self.fifo_budget_ns = fifo_budget_ns
         self.vcpus = [_Vcpu() for _ in range(n)]
         self.every = 1           # look at this guest every that many polls
         self.next_in = 1         # polls until the next look
@@ -251,6 +262,10 @@ class Bcs:
         """Why vCPU ``v`` may not be boosted now (one of :data:`HELD`), or None."""
         if now < v.quiet_until or (now < v.deadline_after and not self.fifo):
             return "pause"
+        if now < v.deadline_after and self.fifo_budget_ns is not None:
+            v.fifo_spent = [(t, ns) for t, ns in v.fifo_spent if t > now - FIFO_WINDOW_NS]
+            if sum(ns for _, ns in v.fifo_spent) + self.boost_ns > self.fifo_budget_ns:
+                return "runtime"
         return None
 
     def _ends(self, now: int, seen: list[Seen], out: Actions) -> None:
@@ -258,7 +273,9 @@ class Bcs:
             if v.boosted_at is not None and (s.picks > v.boost_picks or not s.runnable
                                              or now - v.boosted_at >= self.boost_ns):
                 v.quiet_until = now + max(self.pause_ns, 1)     # 0: from the next look
-                if not v.fifo:          # not before the kernel let go of this boost's budget
+                if v.fifo:
+                    v.fifo_spent.append((now, now - v.boosted_at))
+                else:                   # not before the kernel let go of this boost's budget
                     v.deadline_after = max(v.deadline_after, v.boosted_at + self.period_ns)
                 v.boosted_at = None
                 out.unboost.append(i)
