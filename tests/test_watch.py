@@ -169,6 +169,7 @@ def test_bcs_with_fifo_boosts_within_a_period_with_sched_fifo_and_with_deadline_
         a.runs(MS)
         acts = poll(bcs, t * MS, [a, b])
     assert (acts.boost, acts.fifo) == ([1], [1])        # held for deadline boosts: SCHED_FIFO
+    assert all(v.fifo_spent == [] for v in bcs.vcpus)   # no budget: nothing kept to count against one
 
 
 def test_bcs_holds_sched_fifo_boosts_past_their_runtime_budget_until_the_window_moves_on():

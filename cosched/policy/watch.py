@@ -274,7 +274,8 @@ class Bcs:
                                              or now - v.boosted_at >= self.boost_ns):
                 v.quiet_until = now + max(self.pause_ns, 1)     # 0: from the next look
                 if v.fifo:
-                    v.fifo_spent.append((now, now - v.boosted_at))
+                    if self.fifo_budget_ns is not None:     # counted only against a budget
+                        v.fifo_spent.append((now, now - v.boosted_at))
                 else:                   # not before the kernel let go of this boost's budget
                     v.deadline_after = max(v.deadline_after, v.boosted_at + self.period_ns)
                 v.boosted_at = None
