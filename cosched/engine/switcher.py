@@ -158,6 +158,12 @@ FALLBACK_BOOST = SchedAttr("fifo", priority=1)
 FIFO_BUDGET_SHARE = 0.9      # of a vCPU's RT runtime, for its SCHED_FIFO boosts within deadline boosts' periods
 
 
+def rt_granted(m: pr.MemberPlan) -> bool:
+    """Whether the plan grants RT runtime to this member's vCPU cgroups
+    (RT group scheduling kernels)."""
+    return bool(m.rt_vcpu_us) and any(v.rt_chain for v in m.vcpus)
+
+
 def fifo_budget_ns(m: pr.MemberPlan) -> int | None:
     """The time a ``boost`` guest's vCPU may spend in SCHED_FIFO boosts per
     RT period (:class:`cosched.policy.watch.Bcs`): nine tenths of the RT
@@ -166,9 +172,7 @@ def fifo_budget_ns(m: pr.MemberPlan) -> int | None:
     queues found a vCPU group throttled 31 times in a run of every
     workload without this bound, never in two runs with it
     (``benchmarks/evidence/boost-fifo-between/``). No bound elsewhere."""
-    if not m.rt_vcpu_us or not any(v.rt_chain for v in m.vcpus):
-        return None
-    return int(m.rt_vcpu_us * 1000 * FIFO_BUDGET_SHARE)
+    return int(m.rt_vcpu_us * 1000 * FIFO_BUDGET_SHARE) if rt_granted(m) else None
 
 
 def fresh_ns(boost_ms: float, share: float) -> int:
@@ -349,7 +353,7 @@ class Switcher:
             (cell, m.plan, cell.id, m.keys()) for cell in self.cells.values() for m in cell.members if m.plan.priority]
         owners += [(w, w.plan, w.cell, list(w.keys)) for w in self.watched.values()
                    if w.plan.boost_ms]
-        owners = [o for o in owners if o[1].rt_vcpu_us and any(v.rt_chain for v in o[1].vcpus) and not o[0].boost_failed]
+        owners = [o for o in owners if rt_granted(o[1]) and not o[0].boost_failed]
         self._watch_exits([k for o in owners for k in o[3]])
         wanted: dict[str, int] = {}
         owner: dict[str, tuple[CellState | Watched, str]] = {}
