@@ -169,8 +169,8 @@ def fifo_budget_ns(m: pr.MemberPlan) -> int | None:
     RT period (:class:`cosched.policy.watch.Bcs`): nine tenths of the RT
     runtime granted to its cgroup on kernels with RT group scheduling,
     past which the kernel throttles it: a sampler of the kernel's RT run
-    queues found a vCPU group throttled 31 times in a run of every
-    workload without this bound, never in two runs with it
+    queues, every 0.1 s, found a vCPU group throttled in 31 samples of a
+    run of every workload without this bound, in none of two runs with it
     (``benchmarks/evidence/boost-fifo-between/``). No bound elsewhere."""
     return int(m.rt_vcpu_us * 1000 * FIFO_BUDGET_SHARE) if rt_granted(m) else None
 
