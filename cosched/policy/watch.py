@@ -67,13 +67,14 @@ change. Per poll, a vCPU
     ``CALM_LOOKS`` looks without one, half as often, down to every
     ``SLOWEST`` polls; a look that finds a vCPU waiting while a sibling
     runs asks for the next look one poll later, so a long wait is still
-    seen within two polls of a look. A guest whose vCPUs were idle more
-    than ``IDLE_SHARE`` of their active time at recent looks (idle against
-    on a CPU, smoothed over ``CALM_LOOKS`` looks) is looked at every
-    ``IDLE_EVERY`` polls at the most: such a guest (vCPUs that sleep
-    between short computations) has long waits often and gains nothing
-    from their boosts; on four of them the poll then took 12.5-14.4% of a
-    CPU, where it had taken 13-40% (benchmarks/evidence/boost-idle-pace/).
+    seen within two polls of a look. A guest whose vCPUs mostly sleep is
+    paced the same way: looked at every fourth poll at the most, as it once
+    was, ``pingpong`` guests (vCPUs idle more than half their active time)
+    had 19-41% of their waits due a boost boosted within 1 ms and ran at
+    38-48% of the ideal at four guests, against 60-76% and 67-77%, while
+    the poll of ``blocking`` guests took 1.0-5.3 points of a CPU less (the
+    means) and their throughput did not change
+    (benchmarks/evidence/boost-pingpong-pace/).
     The poll is what boost costs: on four
     ``blocking`` guests, looking at every vCPU every 0.5 ms took 49-57% of
     a CPU, and the guests lost 8-23% of their throughput (benchmarks/README,
@@ -122,8 +123,6 @@ from dataclasses import dataclass, field
 HELD = ("room", "pause", "runtime", "refused", "stale", "check")   # why a long wait was not boosted (status's
                                                                    # long_waits_held; check: the switcher's)
 CALM_LOOKS = 16      # looks without a long wait before a boost guest is looked at half as often
-IDLE_SHARE = 0.5     # a guest whose vCPUs idle more of their active time than this (smoothed over looks)
-IDLE_EVERY = 4       # is looked at every 4th poll (2 ms) at the most
 SLOWEST = 16         # at most every 16th poll (8 ms)
 FIFO_WINDOW_NS = 1_000_000_000   # RT runtime is granted per period (cpu.rt_period_us: 1 s unless changed)
 
@@ -213,7 +212,6 @@ class Bcs:
         self.every = 1           # look at this guest every that many polls
         self.next_in = 1         # polls until the next look
         self._calm = 0           # looks since the last long wait, at this pace
-        self._idle = 0.0         # idle share of the active vCPUs at recent looks (idle / (idle + on a CPU))
 
     def _long_waits(self, seen: list[Seen]) -> tuple[list[bool], list[bool]]:
         """Per vCPU: whether it waits, and whether it waited at the last look
@@ -224,19 +222,14 @@ class Bcs:
             v.wait_picks = s.picks if w else None
         return waiting, long
 
-    def _pace(self, seen: list[Seen], waiting: list[bool], long: list[bool], running: list[int]) -> None:
-        idle = sum(1 for x in seen if not x.runnable)
-        if idle + len(running):
-            self._idle += (idle / (idle + len(running)) - self._idle) / CALM_LOOKS
-        fastest = IDLE_EVERY if self._idle > IDLE_SHARE else 1
+    def _pace(self, waiting: list[bool], long: list[bool], running: list[int]) -> None:
         if any(long):
-            self.every, self._calm = fastest, 0
+            self.every, self._calm = 1, 0
         else:
             self._calm += 1
             if self._calm >= CALM_LOOKS:
                 self.every, self._calm = min(2 * self.every, SLOWEST), 0
-        self.every = max(self.every, fastest)
-        self.next_in = fastest if running and any(waiting) else self.every
+        self.next_in = 1 if running and any(waiting) else self.every
 
     @property
     def boosted(self) -> list[int]:
@@ -308,7 +301,7 @@ class Bcs:
         running = [j for j, s in enumerate(seen) if s.on_cpu]
         if waited is None:
             waiting, waited = self._long_waits(seen)
-            self._pace(seen, waiting, waited, running)
+            self._pace(waiting, waited, running)
         if running if trigger is None else trigger:
             full = False
             for i, s in enumerate(seen):
