@@ -711,6 +711,35 @@ def test_a_boost_guests_sched_fifo_boosts_are_budgeted_by_its_rt_runtime(tmp_pat
     sw.release_all()
 
 
+def test_a_pinned_vcpus_sched_fifo_boosts_stay_within_its_rt_runtime_budget(tmp_path):
+    """A vCPU refused SCHED_DEADLINE is boosted with SCHED_FIFO every time;
+    all that time counts against its budget (9 ms of its group's 10 ms RT
+    runtime here), or the kernel would throttle it boosted."""
+    fs, clock = tree(tmp_path, rt=True), Clock()
+    Exits(fs)
+    procs = Procs(fs, (100, 101))
+    pinned = FakeSched(fail={"deadline": errno.EPERM})
+    fifo_since, spent = {}, {100: [], 101: []}
+    real = pinned.set
+
+    def timed(tid, attr):
+        real(tid, attr)
+        if attr == SchedAttr("fifo", priority=1):
+            fifo_since[tid] = clock.now
+        elif tid in fifo_since:
+            spent[tid].append(clock.now - fifo_since.pop(tid))
+    pinned.set = timed
+    sw = Switcher(fs, 500 * MS, rt_top_us=900_000, sched=pinned.knob(fs, clock), clock=clock)
+    sw.apply(replace(watched("boost", replace(member("a", rt=True, rt_us=10_000), boost_ms=2)), rt_top_us=900_000))
+    for _ in range(400):                               # 101 waits behind the running 100 for 200 ms
+        clock.now += POLL
+        procs.runs(100)
+        sw.tick()
+    assert all(sum(ns) <= 9 * MS for ns in spent.values()), spent    # per vCPU group
+    assert spent[101] == [2 * MS] * 4                  # four whole boosts fit in 9 ms, then it is held
+    sw.release_all()
+
+
 def test_a_boost_guest_whose_rt_runtime_grant_fails_boosts_with_sched_deadline_only(tmp_path, monkeypatch):
     """No RT runtime, no SCHED_FIFO boosts: said once, the deadline boosts go on."""
     fs, clock = tree(tmp_path, rt=True), Clock()
@@ -877,6 +906,8 @@ def test_the_admission_total_is_checked_once_boosts_are_over_after_releases_or_r
     del sched.fail["deadline"], sched.fail["fifo"]
     sw.watched["a"].boost_failed = None              # boosting allowed from now on (as after a new plan)
     sw.watched["a"].refused.clear()
+    for v in sw.watched["a"].rules.vcpus:
+        v.fifo_only = False
     sched.fail["deadline"] = errno.EBUSY
     at(3101)
     assert sw.counters.held["refused"] >= 1 and admission.repairs == 3   # refused, nothing to wait for

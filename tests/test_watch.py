@@ -172,16 +172,18 @@ def test_bcs_with_fifo_boosts_within_a_period_with_sched_fifo_and_with_deadline_
     assert all(v.fifo_spent == [] for v in bcs.vcpus)   # no budget: nothing kept to count against one
 
 
-def test_bcs_holds_sched_fifo_boosts_past_their_runtime_budget_until_the_window_moves_on():
+@pytest.mark.parametrize("fifo_why", ["held for deadline boosts", "refused SCHED_DEADLINE"])
+def test_bcs_holds_sched_fifo_boosts_past_their_runtime_budget_until_the_window_moves_on(fifo_why):
     """A vCPU's SCHED_FIFO boosts may last ``fifo_budget_ns`` in all over any
     second (its RT runtime: past it the kernel would throttle it); a long
     wait beyond is held (``runtime``) until a deadline boost or the window
-    allows one."""
+    allows one. A vCPU refused SCHED_DEADLINE (pinned to a subset of CPUs)
+    has only SCHED_FIFO boosts, all counted."""
     from cosched.policy.watch import FIFO_WINDOW_NS
     a, b = Thread(cpu=0), Thread(cpu=1)
     bcs = Bcs(2, boost_ns=2 * MS, pause_ns=0, period_ns=100 * MS, fifo=True, fifo_budget_ns=5 * MS)
-    bcs.hold(0, 10 * FIFO_WINDOW_NS)                    # no deadline boosts at all here
-    bcs.hold(1, 10 * FIFO_WINDOW_NS)
+    for i in (0, 1):                                    # no deadline boosts at all here
+        bcs.hold(i, 10 * FIFO_WINDOW_NS) if fifo_why.startswith("held") else bcs.fifo_only(i)
     boosted, held = [], {}
     t = 0
     while t < 30 * MS:

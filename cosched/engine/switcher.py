@@ -228,7 +228,7 @@ class Watched:
     refused: dict[int, int] = field(default_factory=dict)    # vCPU index -> errno of its refused SCHED_DEADLINE
                                                              # boost (EPERM: pinned to a subset); it takes the
                                                              # SCHED_FIFO fallback at once while this plan (its
-                                                             # pinning) holds
+                                                             # pinning) holds (Bcs.fifo_only)
     seen: list[Seen | None] = field(default_factory=list)    # the last look's
     due: int = 0                                             # when its next look is (monotonic ns)
 
@@ -556,6 +556,8 @@ class Switcher:
                     self._refused = True
                     return False
                 w.refused[i] = e.errno
+                if isinstance(w.rules, Bcs):
+                    w.rules.fifo_only(i)          # its boosts count against its RT runtime budget
         if i in w.refused or fifo:
             try:
                 self.sched.apply(tid, FALLBACK_BOOST)     # e.g. pinned to a subset: no SCHED_DEADLINE

@@ -172,6 +172,7 @@ class _Vcpu:
     quiet_until: int = 0             # no boost before (pause-ms)
     deadline_after: int = 0          # no deadline boost before (its last one's period; the kernel's hold)
     fifo: bool = False               # its boost is SCHED_FIFO
+    fifo_only: bool = False          # every boost SCHED_FIFO: refused SCHED_DEADLINE (Bcs.fifo_only)
     fifo_spent: list = field(default_factory=list)   # (end, ns) of its SCHED_FIFO boosts in the last window
     progress: int = 0
     run_ns: int | None = None        # its run time at the last look
@@ -251,11 +252,18 @@ class Bcs:
         (:meth:`cosched.actuators.sched.SchedKnob.quiet_until`)."""
         self.vcpus[i].deadline_after = max(self.vcpus[i].deadline_after, until)
 
+    def fifo_only(self, i: int) -> None:
+        """vCPU ``i`` cannot take a deadline boost (the kernel refuses
+        SCHED_DEADLINE to a thread pinned to a subset of CPUs): each of its
+        boosts, the one just started too, is SCHED_FIFO, bound by no period
+        and counted against ``fifo_budget_ns``."""
+        self.vcpus[i].fifo_only = self.vcpus[i].fifo = True
+
     def _why_not(self, v: _Vcpu, now: int) -> str | None:
         """Why vCPU ``v`` may not be boosted now (one of :data:`HELD`), or None."""
         if now < v.quiet_until or (now < v.deadline_after and not self.fifo):
             return "pause"
-        if now < v.deadline_after and self.fifo_budget_ns is not None:
+        if (v.fifo_only or now < v.deadline_after) and self.fifo_budget_ns is not None:
             v.fifo_spent = [(t, ns) for t, ns in v.fifo_spent if t > now - FIFO_WINDOW_NS]
             if sum(ns for _, ns in v.fifo_spent) + self.boost_ns > self.fifo_budget_ns:
                 return "runtime"
@@ -284,7 +292,7 @@ class Bcs:
     def _start(self, i: int, now: int, seen: list[Seen], out: Actions) -> None:
         v = self.vcpus[i]
         v.boosted_at, v.boost_picks = now, seen[i].picks
-        v.fifo = self.fifo and now < v.deadline_after
+        v.fifo = v.fifo_only or (self.fifo and now < v.deadline_after)
         out.boost.append(i)
         if v.fifo:
             out.fifo.append(i)
