@@ -300,10 +300,15 @@ def watch_from_outside(seconds: float, names=NAMES) -> dict:
 
 
 def test_boost_raises_waiting_siblings_then_restores_what_they_had(trio, tmp_path):
+    """Boosts seen from outside, SCHED_DEADLINE and SCHED_FIFO; a vCPU the
+    operator pinned to one CPU (no SCHED_DEADLINE for it) gets SCHED_FIFO
+    only; every vCPU back as it was, pinning too."""
     gs, _ = trio
     batch_tid = vcpu_tids(gs[0].name)[1]
     os.sched_setscheduler(batch_tid, os.SCHED_BATCH, os.sched_param(0))   # a guest vCPU of the test's own
     os.setpriority(os.PRIO_PROCESS, batch_tid, 5)
+    pinned_tid, pins = vcpu_tids(gs[1].name)[0], gs[1].dom.vcpuPinInfo(libvirt.VIR_DOMAIN_AFFECT_LIVE)
+    gs[1].dom.pinVcpuFlags(0, tuple(cpu == 0 for cpu in range(len(pins[0]))), libvirt.VIR_DOMAIN_AFFECT_LIVE)
     try:
         before, daemon = start_under(gs, "boost", tmp_path)
         try:
@@ -325,10 +330,13 @@ def test_boost_raises_waiting_siblings_then_restores_what_they_had(trio, tmp_pat
         # the BATCH vCPU was boosted from, and returned to, BATCH: never to the default policy
         assert seen[gs[0].name]["policies"][batch_tid] <= {os.SCHED_BATCH, SCHED_DEADLINE, os.SCHED_FIFO}
         assert (os.sched_getscheduler(batch_tid), os.getpriority(os.PRIO_PROCESS, batch_tid)) == (os.SCHED_BATCH, 5)
+        pinned = seen[gs[1].name]["policies"][pinned_tid]
+        assert os.SCHED_FIFO in pinned and SCHED_DEADLINE not in pinned, f"pinned vCPU's policies: {pinned}"
         assert after == before, "the daemon left a thread boosted or something changed"
     finally:
         os.sched_setscheduler(batch_tid, os.SCHED_OTHER, os.sched_param(0))
         os.setpriority(os.PRIO_PROCESS, batch_tid, 0)
+        gs[1].dom.pinVcpuFlags(0, pins[0], libvirt.VIR_DOMAIN_AFFECT_LIVE)
 
 
 def test_relaxed_costops_a_leader_never_every_sibling(trio, tmp_path):
