@@ -60,9 +60,10 @@ for a CPU, gave as little as 0.52x the host scheduler
 (benchmarks/evidence/boost-paced/).
 An uncontended guest needs nothing either: ``none``. ``boost`` and
 ``relaxed`` are what ``auto`` picks where ``allow`` rules out both ``none``
-and co-scheduling, ``boost`` first: on busy guests it did more (barrier
-guests: 7-20% of the ideal against the host scheduler's 1-3%, ``relaxed``
-0.15x ``gang``). Scores in 0..1, with ``c = min(contention / CONTENDED,
+and co-scheduling, ``boost`` first: on busy guests it did more (``barrier``
+guests at two and four: 54% and 40% of the ideal under ``boost``, 31% and
+12% under ``relaxed``, 3% and 6% under the host scheduler, in the full run
+of ``benchmarks/latest``). Scores in 0..1, with ``c = min(contention / CONTENDED,
 1)`` and ``idle`` the larger of ``ramp(idleness, 0.45, 0.70)`` and
 ``ramp(spread, 0.30, 0.60)`` (ramp: 0 up to its first bound, 1 from its
 second)::
