@@ -259,11 +259,15 @@ class Bcs:
         and counted against ``fifo_budget_ns``."""
         self.vcpus[i].fifo_only = self.vcpus[i].fifo = True
 
+    def _fifo_now(self, v: _Vcpu, now: int) -> bool:
+        """Whether a boost of vCPU ``v`` now would be SCHED_FIFO."""
+        return v.fifo_only or (self.fifo and now < v.deadline_after)
+
     def _why_not(self, v: _Vcpu, now: int) -> str | None:
         """Why vCPU ``v`` may not be boosted now (one of :data:`HELD`), or None."""
         if now < v.quiet_until or (now < v.deadline_after and not self.fifo):
             return "pause"
-        if (v.fifo_only or now < v.deadline_after) and self.fifo_budget_ns is not None:
+        if self._fifo_now(v, now) and self.fifo_budget_ns is not None:
             v.fifo_spent = [(t, ns) for t, ns in v.fifo_spent if t > now - FIFO_WINDOW_NS]
             if sum(ns for _, ns in v.fifo_spent) + self.boost_ns > self.fifo_budget_ns:
                 return "runtime"
@@ -292,7 +296,7 @@ class Bcs:
     def _start(self, i: int, now: int, seen: list[Seen], out: Actions) -> None:
         v = self.vcpus[i]
         v.boosted_at, v.boost_picks = now, seen[i].picks
-        v.fifo = v.fifo_only or (self.fifo and now < v.deadline_after)
+        v.fifo = self._fifo_now(v, now)
         out.boost.append(i)
         if v.fifo:
             out.fifo.append(i)
