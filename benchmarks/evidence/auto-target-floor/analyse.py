@@ -17,48 +17,53 @@ Reads every kept full run (`benchmarks/latest` and
 """
 import json
 import sys
-from statistics import mean, median
 from pathlib import Path
+from statistics import mean, median
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
-from benchmarks.report import _rate, _sweep  # noqa: E402
+from benchmarks.report import _rate, _repetitions, plan_apart  # noqa: E402
 
-STATIC = ("cfs", "gang", "partial", "boost", "relaxed")
+STATIC = ["cfs", "gang", "partial", "boost", "relaxed"]
 ROWS = ("barrier", "lu", "pingpong")          # the co-scheduling plan is the answer: cfs 2-13% of the ideal
 TARGET = 0.95
 
 
-def repetitions(res: dict) -> dict[tuple, dict[str, float]]:
-    """(workload, guests, rep) -> mode -> aggregate rate, valid runs only."""
-    out: dict[tuple, dict[str, float]] = {}
-    for r in _sweep(res):
-        if r.get("valid", True) and r["workload"] in ROWS:
-            out.setdefault((r["workload"], r["guests"], r["rep"]), {})[r["mode"]] = _rate(r)
-    return {k: v for k, v in out.items() if set(STATIC) | {"auto"} <= set(v)}
-
-
-def counts(reps: dict[tuple, dict[str, float]]) -> dict[str, list]:
+def counts(res: dict) -> dict[str, list]:
     """Per repetition, whether each chooser met the target: ``auto`` against
-    all five; ``auto`` and the plan (``gang``'s run, ``partial``'s run)
-    against the four modes other than one of the two; and ``auto`` over the
-    plan's run it was set against."""
-    out: dict[str, list] = {"auto5": [], "auto4": [], "plan4": [], "ratio": [], "rows_auto": {}, "rows_plan": {}}
-    for (wl, n, _), v in reps.items():
-        a5 = v["auto"] >= TARGET * max(v[m] for m in STATIC)
-        out["auto5"].append(a5)
-        out["rows_auto"].setdefault((wl, n), []).append(a5)
-        for drawn in ("gang", "partial"):
-            rest = max(v[m] for m in STATIC if m != drawn)
-            out["auto4"].append(v["auto"] >= TARGET * rest)
-            out["plan4"].append(v[drawn] >= TARGET * rest)
-            out["ratio"].append(v["auto"] / v[drawn])
-            out["rows_plan"].setdefault((wl, n, drawn), []).append(v[drawn] >= TARGET * rest)
+    all five (``auto5``); the plan (:func:`benchmarks.report.plan_apart`:
+    ``gang``'s run, then ``partial``'s, each against the four other modes)
+    and ``auto`` against the same four; ``auto`` over the plan's run it was
+    set against; and per row and run left out, the repetitions' verdicts."""
+    out: dict[str, list] = {"auto5": [], "auto4": [], "plan4": [], "ratio": [], "rows_auto": [], "rows_plan": []}
+    for wl in ROWS:
+        for n in res["config"]["guests"]:
+            reps = [r for r in _repetitions(res, wl, n).values() if set(STATIC) | {"auto"} <= set(r)]
+            rates = [{m: _rate(r[m]) for m in r} for r in reps]
+            apart = plan_apart({**res, "runs": [r[m] for r in reps for m in r]}, wl, n, STATIC)
+            a5 = [v["auto"] >= TARGET * max(v[m] for m in STATIC) for v in rates]
+            out["auto5"] += a5
+            out["rows_auto"].append(a5)
+            for k, drawn in enumerate(("gang", "partial")):
+                plan = [x >= TARGET for x in apart[k::2]]
+                out["plan4"] += plan
+                out["rows_plan"].append(plan)
+                for v, x in zip(rates, apart[k::2]):
+                    rest = v[drawn] / x          # the best of the four modes other than the drawn one
+                    out["auto4"].append(v["auto"] >= TARGET * rest)
+                    out["ratio"].append(v["auto"] / v[drawn])
     return out
 
 
 def share(flags: list[bool]) -> str:
     return f"{sum(flags)} of {len(flags)} ({100 * sum(flags) / len(flags):.0f}%)" if flags else "-"
+
+
+def line(name: str, c: dict) -> None:
+    rows_auto = [all(r) for r in c["rows_auto"] if r]
+    rows_plan = [all(r) for r in c["rows_plan"] if r]
+    print(f"| {name} | {share(c['auto5'])} | {share(c['auto4'])} | {share(c['plan4'])} | "
+          f"{share(rows_auto)}, {share(rows_plan)} | {mean(c['ratio']):.3f} ({median(c['ratio']):.3f}) |")
 
 
 def main() -> None:
@@ -68,18 +73,11 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     every: dict[str, list] = {}
     for run in runs:
-        c = counts(repetitions(json.loads((run / "results.json").read_text())))
+        c = counts(json.loads((run / "results.json").read_text()))
         for k, v in c.items():
-            every.setdefault(k, []).extend(v if isinstance(v, list) else v.values())
+            every.setdefault(k, []).extend(v)
         line(run.name, c)
     line("all", every)
-
-
-def line(name: str, c: dict) -> None:
-    rows_auto = [all(v) for v in (c["rows_auto"].values() if isinstance(c["rows_auto"], dict) else c["rows_auto"])]
-    rows_plan = [all(v) for v in (c["rows_plan"].values() if isinstance(c["rows_plan"], dict) else c["rows_plan"])]
-    print(f"| {name} | {share(c['auto5'])} | {share(c['auto4'])} | {share(c['plan4'])} | "
-          f"{share(rows_auto)}, {share(rows_plan)} | {mean(c['ratio']):.3f} ({median(c['ratio']):.3f}) |")
 
 
 if __name__ == "__main__":
