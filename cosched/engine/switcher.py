@@ -618,6 +618,10 @@ class Switcher:
                 self._freeze(keys[i], True, now)
                 if self.vstate[keys[i]].frozen:
                     self.counters.add(self.counters.costops, keys[i])
+            # In the rules' order, also where a deadline boost of a vCPU queued on the switcher's own CPU
+            # preempts it (SCHED_DEADLINE is above its SCHED_FIFO) and so delays the boosts after it:
+            # applying those last served barrier and pingpong guests worse and cost more CPU (the
+            # switcher, no longer held off, looked more often; benchmarks/evidence/boost-own-cpu-last/).
             for i in acts.boost:
                 if self._boost_watched(w, i, i in acts.fifo):
                     room -= 1
