@@ -402,9 +402,11 @@ def plan_apart(res: dict, wl: str, n: int, static: list[str]) -> list[float]:
         return []
     out = []
     for rep in _repetitions(res, wl, n).values():
+        if "gang" not in rep or "partial" not in rep:
+            continue
         for drawn in ("gang", "partial"):
             rest = [_rate(rep[m]) for m in static if m != drawn and m in rep]
-            if "gang" in rep and "partial" in rep and rest:
+            if rest:
                 out.append(_rate(rep[drawn]) / max(rest))
     return out
 
