@@ -170,6 +170,8 @@ def render_explain(e: dict) -> str:
     """A human view of ``cosched explain``: evidence, scores, decision."""
     lines = [f"domain {e['domain']}: mode {e['mode']} (auto, allowed: {', '.join(e['allow'])})",
              f"  decision: {e['reason']}"]
+    for mode, reason in (e.get("refused") or {}).items():
+        lines.append(f"  chosen {e.get('chosen', mode)}; the planner cannot take {mode}: {reason}")
     sig = e.get("signals") or {}
     if sig.get("contention") is not None:
         lines.append(f"  evidence (smoothed): contention {sig['contention']:.2f} (waiting or co-stopped share of "

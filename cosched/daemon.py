@@ -35,7 +35,7 @@ from cosched.metrics import CoschedCollector, serve
 from cosched.model import Snapshot
 from cosched.notify import Notifier
 from cosched.policy.auto import DECIDE_S, Auto
-from cosched.policy.plan import pool_order
+from cosched.policy.plan import plan, pool_order
 from cosched.policy.presets import Presets
 
 log = logging.getLogger("cosched.daemon")
@@ -81,6 +81,7 @@ class Daemon:
         self._http = None
         self._samples_seen, self._sampled_at, self._unhealthy = -1, time.monotonic(), False
         self.auto = Auto()
+        self.auto_lock = threading.RLock()     # decisions (main thread) and resyncs (discovery) replan in turn
         self.last_resync_s: float | None = None
         self.placed = Placed()                 # vCPU threads known to be in their own cgroups
 
@@ -97,7 +98,7 @@ class Daemon:
         for level, line in report.changes(self.snapshot, snap):
             log.log(level, line)
         self.latest.snapshot = snap
-        self.engine.reconcile(self.auto.effective(snap))
+        self._reconcile(snap)
         self.last_resync_s = time.monotonic() - started
         return snap
 
@@ -164,14 +165,21 @@ class Daemon:
         if snap is None:
             return
         pool = len(pool_order(snap.host, self.engine.reserved_cpus))
-        changes = self.auto.step(time.monotonic(), snap, self.sampler.view(), self.engine.costop(), pool)
-        for name, old, new, why in changes:
-            log.info("domain=%s action=mode old=%s new=%s reason=%r", name, old, new, why)
-        if changes:
-            self.engine.reconcile(self.auto.effective(snap))
+        with self.auto_lock:
+            if self.auto.step(time.monotonic(), snap, self.sampler.view(), self.engine.costop(), pool):
+                self._reconcile(snap)
+
+    def _reconcile(self, snap: Snapshot) -> None:
+        """Plan ``snap`` with each auto guest under its mode in force; log every change of it."""
+        with self.auto_lock:
+            cfg = self.engine.plan_config(snap)
+            effective, changes = self.auto.settle(snap, lambda s: plan(s, cfg))
+            for name, old, new, why in changes:
+                log.info("domain=%s action=mode old=%s new=%s reason=%r", name, old, new, why)
+            self.engine.reconcile(effective)
 
     def modes(self) -> dict[str, str]:
-        """The mode in force per guest: the chosen one under auto, else the planned one."""
+        """The mode in force per guest: under auto the one it runs the guest under, else the planned one."""
         snap, plan = self.snapshot, self.engine.plan
         out = {}
         for d in snap.domains if snap else ():
@@ -187,10 +195,10 @@ class Daemon:
             return {"error": f"no domain named {name!r} is running"}
         if d.policy is None or d.policy.kind != "auto":
             return {"error": f"domain {name} is not under auto (policy {d.policy.preset if d.policy else 'invalid'})"}
-        got = self.auto.chooser.explain(d.uuid)
+        got = self.auto.explain(d.uuid)
         if got is None:
-            return {"domain": name, "mode": "none", "reason": "no evidence yet", "scores": {}, "signals": {},
-                    "last_window": None, "allow": list(dict(d.policy.params)["allow"])}
+            return {"domain": name, "mode": "none", "chosen": "none", "refused": {}, "reason": "no evidence yet",
+                    "scores": {}, "signals": {}, "last_window": None, "allow": list(dict(d.policy.params)["allow"])}
         return {"domain": name, "allow": list(dict(d.policy.params)["allow"]), **got}
 
     # -- health ---------------------------------------------------------

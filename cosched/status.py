@@ -73,7 +73,7 @@ def document(snap: Snapshot | None, views: Mapping, plan: Plan, stats, live: Map
     """The status document.
 
     ``modes``: the mode in force per managed guest, by uuid (for ``auto``,
-    the one it chose: :meth:`cosched.daemon.Daemon.modes`).
+    its choice or what the planner took instead: :meth:`cosched.daemon.Daemon.modes`).
     ``views``: the sampler's per-domain figures by uuid; ``stats``: the
     engine's :class:`~cosched.engine.EngineStats`; ``live``: per (uuid, vCPU
     index) the state read just now (``frozen``, ``sched``, ``priority``);

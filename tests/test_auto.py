@@ -1,11 +1,13 @@
 """auto's classifier on synthetic sampler streams: steady, noisy, flapping, changing phase."""
 import random
+from dataclasses import replace
 
 import pytest
 
 from cosched.model import Domain, Host, PolicySpec, Snapshot, Vcpu
 from cosched.policy.auto import Auto, Chooser, Evidence, scores
 from cosched.policy.params import MODES, ParamError, resolve
+from cosched.policy.plan import PlanConfig, plan
 from cosched.sampler import DomainView, VcpuView
 
 ALL = MODES
@@ -195,7 +197,9 @@ def test_auto_turns_cumulative_figures_into_windows_and_plans_the_mode():
     for t in range(12):
         seen += auto.step(float(t), snap, view(t), {}, pool_cpus=2)
     assert [(name, old, new) for name, old, new, _ in seen] == [("g", "none", "gang")]
-    eff = auto.effective(snap)
+    eff, settled = auto.settle(snap, lambda s: plan(s, PlanConfig()))
+    assert [(name, old, new) for name, old, new, _ in settled] == [("g", "none", "gang")]
+    assert settled[0][3] == seen[0][3]
     assert eff.domains[0].policy.kind == "gang" and dict(eff.domains[0].policy.params)["quantum-ms"] == 50
     assert eff.domains[0].policy.preset == "auto" and eff.domains[1] == snap.domains[1]
     explained = auto.chooser.explain("u")
@@ -237,3 +241,59 @@ def test_explain_prints_every_signal_and_the_scores():
     text = render_explain({"domain": "g", "allow": list(ALL), **ch.explain("g")})
     assert "mode none" in text and "spread 1.00" in text and "idleness 0.67" in text
     assert "none 1.00 *" in text and "boost 0.45" in text and "relaxed 0.36" in text and "gang 0.00" in text
+
+
+def busy_guests(n: int, vcpus: int = 2, allow=None) -> tuple[Snapshot, Auto]:
+    """``n`` guests under auto whose vCPUs never idle and wait as long as they
+    run, after twelve one-second decisions on a 2-CPU host."""
+    host = Host(cpus=(0, 1), core_of={0: (0, 0), 1: (0, 1)}, node_of={0: 0, 1: 0}, cgroup="hybrid",
+                cgroup2_mount="/sys/fs/cgroup/unified")
+    spec = PolicySpec("auto", "auto", resolve("auto", {} if allow is None else {"allow": allow}, {}), "annotation")
+    domains = tuple(Domain(f"g{k}", f"u{k}", 100 + k, tuple(Vcpu(i, 1000 * k + i, f"/m/g{k}/vcpu{i}", start_time=1)
+                                                            for i in range(vcpus)), spec) for k in range(n))
+    snap, auto = Snapshot(host, domains), Auto()
+    for t in range(12):
+        views = {d.uuid: DomainView(d.uuid, d.name, tuple(VcpuView(v.index, v.tid, 0.5 * t, 0.5 * t) for v in d.vcpus),
+                                    hazard=0.8 * t, partial=0.0, observed=float(t), skew_buckets=(), skew_sum=0.0,
+                                    skew_count=0, last_skew=0.0) for d in domains}
+        auto.step(float(t), snap, views, {}, pool_cpus=2)
+    return snap, auto
+
+
+def test_a_guest_the_planner_cannot_take_under_its_choice_runs_the_best_mode_it_can():
+    snap, auto = busy_guests(1, vcpus=4)                  # four vCPUs: gang needs a CPU for each
+    planner = lambda s: plan(s, PlanConfig())             # noqa: E731
+    eff, changes = auto.settle(snap, planner)
+    assert auto.chooser.mode("u0") == "gang" and auto.mode("u0") == "boost"
+    assert eff.domains[0].policy.kind == "boost" and planner(eff).rejected == {}
+    [(name, old, new, why)] = changes
+    assert (name, old, new) == ("g0", "none", "boost")
+    assert why.startswith("gang scores 1.00") and "; the planner cannot take gang (not managed: it has 4 vCPUs but " \
+        "the co-scheduling pool has 2 CPUs): boost scores best of the rest" in why
+    explained = auto.explain("u0")
+    assert explained["mode"] == "boost" and explained["chosen"] == "gang"
+    assert sorted(explained["refused"]) == ["gang", "partial"] and "4 vCPUs" in explained["refused"]["gang"]
+    assert auto.settle(snap, planner)[1] == []            # settled: nothing changes again
+
+
+def test_a_guest_that_finds_the_gang_cell_full_waits_outside_it_and_joins_when_there_is_room():
+    snap, auto = busy_guests(3)
+    planner = lambda s: plan(s, PlanConfig(max_stall_ms=60))    # noqa: E731  room for two 50 ms turns
+    eff, changes = auto.settle(snap, planner)
+    assert [auto.chooser.mode(d.uuid) for d in snap.domains] == ["gang"] * 3
+    assert [auto.mode(d.uuid) for d in snap.domains][:2] == ["gang", "gang"]
+    third = auto.mode("u2")
+    assert third not in ("gang", "none") and planner(eff).rejected == {}
+    assert [c[:3] for c in changes] == [("g0", "none", "gang"), ("g1", "none", "gang"), ("g2", "none", third)]
+    assert "the gang cell is full" in changes[2][3]
+    fewer = replace(snap, domains=snap.domains[1:])      # g0 shuts down
+    eff, changes = auto.settle(fewer, planner)
+    assert [c[:3] for c in changes] == [("g2", third, "gang")]
+    assert changes[0][3] == "the planner can take gang again" and auto.explain("u2")["refused"] == {}
+
+
+def test_a_guest_allowed_only_modes_the_planner_cannot_take_is_left_to_the_host():
+    snap, auto = busy_guests(1, vcpus=4, allow="gang,relaxed")
+    eff, changes = auto.settle(snap, lambda s: plan(s, PlanConfig()))
+    assert auto.mode("u0") == "none" and eff.domains[0].policy.kind == "none"
+    assert changes == [] and sorted(auto.explain("u0")["refused"]) == ["gang", "relaxed"]

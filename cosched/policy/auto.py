@@ -86,6 +86,7 @@ is followed within ``dwell-s`` plus about two smoothing times.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from math import exp
 
@@ -178,6 +179,17 @@ class Chooser:
     def __init__(self):
         self.guests: dict[str, Choice] = {}
 
+    def mode(self, uuid: str) -> str:
+        """The chosen mode (``none`` before the first choice)."""
+        ch = self.guests.get(uuid)
+        return ch.mode if ch else "none"
+
+    def next_best(self, uuid: str, allow: tuple[str, ...], refused) -> str:
+        """The best-scoring allowed mode outside ``refused``; ``none`` if no other is left."""
+        scores_ = self.guests[uuid].scores if uuid in self.guests else {}
+        left = [m for m in LADDER if m in allow and m not in refused]
+        return max(left, key=lambda m: scores_.get(m, 0.0)) if left else "none"
+
     def forget(self, keep: set[str]) -> None:
         for uuid in [u for u in self.guests if u not in keep]:
             del self.guests[uuid]
@@ -255,22 +267,36 @@ class Auto:
 
     :meth:`step` turns the sampler's cumulative figures (``views``, by uuid)
     and the engine's co-stop seconds (by (uuid, vCPU)) into one window of
-    :class:`Evidence` per guest and lets the chooser decide; :meth:`effective`
-    gives the snapshot the planner sees, each auto guest under its mode.
+    :class:`Evidence` per guest and lets the chooser decide; :meth:`settle`
+    gives the snapshot the planner sees, each auto guest under its mode in
+    force.
+
+    The mode in force is the chosen one where the planner can take the guest
+    under it. Where it cannot (a guest with more vCPUs than the pool has CPUs,
+    a gang cell whose turns would stall its guests past ``max_stall_ms``,
+    vCPUs not yet in cgroups of their own), the guest runs under the allowed
+    mode that scores best among those the planner takes (``boost`` needs
+    neither pinning nor freezing), else ``none``, and goes back to its choice
+    as soon as the planner can take it: a full gang cell is the host's
+    state, not the guest's, so it does not count as a change of mind.
     """
 
     def __init__(self):
         self.chooser = Chooser()
         # per guest: (seconds observed, hazard, {vCPU: (run, wait, costop)}), cumulative
         self._totals: dict[str, tuple[float, float, dict[int, tuple[float, float, float]]]] = {}
+        self.in_force: dict[str, str] = {}
+        self.refused: dict[str, dict[str, str]] = {}      # per guest: chosen modes the planner refused, why
+        self._why: dict[str, str] = {}                     # the chooser's reasons not yet logged
 
     def step(self, now: float, snap, views, costop, pool_cpus: int) -> list[tuple[str, str, str, str]]:
-        """One decision for every auto guest; the changes as (name, old, new, why)."""
+        """One decision for every auto guest; the choices that changed as (name, old, new, why)."""
         changes = []
-        auto = [d for d in snap.domains if d.policy is not None and d.policy.kind == "auto"] if snap else []
+        auto = _auto_guests(snap)
         keep = {d.uuid for d in auto}
         self.chooser.forget(keep)
         self._totals = {u: t for u, t in self._totals.items() if u in keep}
+        self._why = {u: w for u, w in self._why.items() if u in keep}
         for d in auto:
             v = views.get(d.uuid)
             if v is None or not v.vcpus:
@@ -284,23 +310,72 @@ class Auto:
             window = [tuple(max(a - b, 0.0) for a, b in zip(now_, before[2][i]))
                       for i, now_ in totals[2].items() if i in before[2]]     # a vCPU plugged meanwhile waits
             params = dict(d.policy.params)
-            old = self.mode(d.uuid)
+            old = self.chooser.mode(d.uuid)
             coschedule = "partial" if pool_cpus >= 2 * len(d.vcpus) else "gang"
             mode, why = self.chooser.decide(d.uuid, now, Evidence.of_vcpus(seconds, window, hazard),
                                             params["allow"], params["dwell-s"], coschedule)
             if why is not None:
                 changes.append((d.name, old, mode, why))
+                self._why[d.uuid] = why
         return changes
 
     def mode(self, uuid: str) -> str:
-        ch = self.chooser.guests.get(uuid)
-        return ch.mode if ch else "none"
+        """The mode in force (the choice, or what the planner took instead)."""
+        return self.in_force.get(uuid, "none")
 
-    def effective(self, snap):
-        """``snap`` with each auto guest's policy replaced by its current mode."""
+    def explain(self, uuid: str) -> dict | None:
+        """The chooser's evidence, scores and decision, with the mode in force
+        and any chosen modes the planner refused (``cosched explain``)."""
+        got = self.chooser.explain(uuid)
+        if got is None:
+            return None
+        return {**got, "mode": self.mode(uuid), "chosen": got["mode"], "refused": dict(self.refused.get(uuid, {}))}
+
+    def settle(self, snap, planner: Callable):
+        """``snap`` with each auto guest under its mode in force, and the
+        changes of mode in force as (name, old, new, why).
+
+        ``planner`` maps a snapshot to a plan (its ``rejected``: uuid to
+        reason); a guest it rejects under a chosen mode drops to the best
+        remaining allowed mode, and the planner is asked again."""
         if snap is None:
-            return snap
-        domains = tuple(
-            replace(d, policy=replace(d.policy, kind=self.mode(d.uuid), params=resolve(self.mode(d.uuid), {}, {})))
-            if d.policy is not None and d.policy.kind == "auto" else d for d in snap.domains)
-        return replace(snap, domains=domains)
+            return snap, []
+        auto = _auto_guests(snap)
+        chosen = {d.uuid: self.chooser.mode(d.uuid) for d in auto}
+        modes, refused = dict(chosen), {d.uuid: {} for d in auto}
+        eff = _under(snap, modes)
+        for _ in LADDER:                        # each round refuses one more mode to each guest it drops
+            rejected = planner(eff).rejected
+            dropped = [d for d in auto if modes[d.uuid] != "none" and d.uuid in rejected]
+            if not dropped:
+                break
+            for d in dropped:
+                refused[d.uuid][modes[d.uuid]] = rejected[d.uuid]
+                modes[d.uuid] = self.chooser.next_best(d.uuid, dict(d.policy.params)["allow"], refused[d.uuid])
+            eff = _under(snap, modes)
+        changes = []
+        for d in auto:
+            old, new, why = self.mode(d.uuid), modes[d.uuid], self._why.pop(d.uuid, None)
+            if old == new:
+                continue
+            if new != chosen[d.uuid]:
+                mode, reason = next(iter(refused[d.uuid].items()))
+                why = f"{why + '; ' if why else ''}the planner cannot take {mode} ({reason}): {new} scores best of the rest"
+            elif why is None:
+                why = f"the planner can take {new} again"
+            changes.append((d.name, old, new, why))
+        self.in_force = modes
+        self.refused = {u: r for u, r in refused.items() if r}
+        return eff, changes
+
+
+def _auto_guests(snap) -> list:
+    return [d for d in snap.domains if d.policy is not None and d.policy.kind == "auto"] if snap else []
+
+
+def _under(snap, modes: dict[str, str]):
+    """``snap`` with each auto guest's policy replaced by its mode in ``modes``."""
+    domains = tuple(replace(d, policy=replace(d.policy, kind=modes[d.uuid], params=resolve(modes[d.uuid], {}, {})))
+                    if d.uuid in modes and d.policy is not None and d.policy.kind == "auto" else d
+                    for d in snap.domains)
+    return replace(snap, domains=domains)

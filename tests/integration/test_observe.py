@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 
 from cosched.hostfs import parse_cpu_list
 from testbed import guests, services
@@ -44,6 +45,25 @@ def test_guest_larger_than_the_pool_is_rejected(daemon, start_guest):
     assert f'cosched_domain_policy_error{{domain="{g.name}"}} 1.0' in daemon.metrics()
     assert not any(v["frozen"] for v in dom["vcpus"])
     assert re.search(rf"domain={g.name} action=rejected", daemon.log.read_text())
+
+
+def test_auto_runs_a_guest_larger_than_the_pool_under_a_mode_it_fits(daemon, start_guest):
+    """auto chooses gang for a busy guest with more vCPUs than the pool has
+    CPUs; gang cannot take it, so it runs under boost, managed, not rejected."""
+    size = len(os.sched_getaffinity(0)) + 1
+    g = start_guest("auto-big", vcpus=size, workload="barrier", policy=guests.annotation("auto"))
+    dom, _ = daemon.wait(lambda: (d := daemon.domain(g.name)) and d["mode"] not in (None, "none") and d, 30,
+                         "auto's choice")
+    assert dom["mode"] == "boost" and dom["managed"] and dom["error"] is None, dom
+    assert f'cosched_domain_mode{{domain="{g.name}",mode="boost"}} 1.0' in daemon.metrics()
+    log = daemon.log.read_text()
+    assert re.search(rf"domain={g.name} action=mode old=none new=boost reason='gang scores .*; the planner "
+                     rf"cannot take gang \(not managed: it has {size} vCPUs", log), log
+    assert not re.search(rf"domain={g.name} action=rejected", log), log
+    explain = subprocess.run([sys.executable, "-m", "cosched", "explain", g.name, "--config", str(daemon.config)],
+                             capture_output=True, text=True)
+    assert explain.returncode == 0 and "mode boost" in explain.stdout, explain
+    assert f"the planner cannot take gang: not managed: it has {size} vCPUs" in explain.stdout
 
 
 def test_guest_appears_and_disappears_within_2s(daemon, start_guest):
