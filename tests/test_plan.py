@@ -123,6 +123,32 @@ def test_boost_and_relaxed_guests_are_watched_alone_never_pinned_or_rotated():
     assert "per-vCPU cgroups" in p.rejected["uuid-r"] and p.mode_of("uuid-s") == "boost"
 
 
+@given(cpus=st.integers(1, 16), sizes=st.one_of(
+    st.lists(st.integers(1, 16), min_size=1, max_size=12),
+    st.tuples(st.integers(1, 16), st.integers(2, 12)).map(lambda nk: [nk[0]] * nk[1])))
+@settings(max_examples=300, deadline=None)
+def test_relaxed_guests_spread_their_vcpus_and_each_vcpu_index_evenly(cpus, sizes):
+    guests = [dom(f"g{k:02}", kind="relaxed", vcpus=min(n, cpus)) for k, n in enumerate(sizes)]
+    pins = plan(snap(host(cpus), *guests), PlanConfig()).pins()
+    assert len(pins) == sum(len(g.vcpus) for g in guests)
+    for g in guests:                                     # siblings apart
+        assert len({pins[(g.uuid, v.index)] for v in g.vcpus}) == len(g.vcpus)
+    load = [sum(1 for c in pins.values() if c == cpu) for cpu in range(cpus)]
+    assert max(load) - min(load) <= 1, load
+    if len({len(g.vcpus) for g in guests}) == 1:         # guests alike: each index spread as evenly
+        for i in range(len(guests[0].vcpus)):
+            on = [sum(1 for g in guests if pins[(g.uuid, i)] == cpu) for cpu in range(cpus)]
+            assert max(on) - min(on) <= 1, (i, on)
+
+
+def test_relaxed_guests_that_fill_the_pool_do_not_all_put_vcpu_0_on_one_cpu():
+    # filled in order, every 2-vCPU guest on 2 CPUs had vCPU 0 on CPU 0
+    p = plan(snap(host(2), *(dom(n, kind="relaxed") for n in "abcd")), PlanConfig())
+    assert [p.pins()[(f"uuid-{n}", 0)] for n in "abcd"] == [0, 1, 0, 1]
+    p = plan(snap(host(4), *(dom(n, kind="relaxed") for n in "abcd")), PlanConfig())
+    assert [p.pins()[(f"uuid-{n}", 0)] for n in "abcd"] == [0, 2, 1, 3]
+
+
 def test_relaxed_thresholds_must_leave_a_gap():
     import pytest
     from cosched.policy.params import ParamError

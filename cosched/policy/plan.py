@@ -24,7 +24,8 @@ cores before SMT siblings.
     all watched guests.
     ``relaxed`` guests are pinned for balance: siblings on distinct pool
     CPUs, each guest starting where the previous one ended, so every CPU
-    holds about as many of their vCPUs. Host CFS keeps siblings that wake
+    holds about as many of their vCPUs, and each vCPU index spread over the
+    CPUs as well (:func:`_balanced`). Host CFS keeps siblings that wake
     each other on one CPU, where co-stopping the leader only makes them take
     turns (one probe on the development host, not in the kept benchmark:
     two 2-vCPU barrier guests on 2 CPUs, siblings apart in 0-2% of samples,
@@ -230,7 +231,7 @@ def _packed(kind: str, domains: list[Domain], host: Host, pool: list[int], cfg: 
 def _watched(domains: list[Domain], host: Host, pool: list[int], rejected: dict) -> list[Cell]:
     """One cell per guest under ``boost`` or ``relaxed``: nothing shared; relaxed pinned for balance."""
     out = []
-    next_cpu = 0
+    next_cpu, index_on = 0, {}
     for d in sorted(domains, key=lambda d: d.name):
         kind, p = d.policy.kind, dict(d.policy.params)
         reason = _unfit(d, host, pool) if kind == RELAXED else None
@@ -240,7 +241,7 @@ def _watched(domains: list[Domain], host: Host, pool: list[int], rejected: dict)
         boost_ms = p["boost-ms"] if kind == BOOST or p.get("boost") else 0
         cpus = [-1] * len(d.vcpus)
         if kind == RELAXED:
-            cpus = [pool[(next_cpu + j) % len(pool)] for j in range(len(d.vcpus))]
+            cpus = _balanced(len(d.vcpus), [pool[(next_cpu + j) % len(pool)] for j in range(len(d.vcpus))], index_on)
             next_cpu += len(d.vcpus)
         # a pinned (relaxed) vCPU cannot take SCHED_DEADLINE: its boosts are SCHED_FIFO, which RT
         # group scheduling allows only with runtime granted along its cgroup path
@@ -251,6 +252,26 @@ def _watched(domains: list[Domain], host: Host, pool: list[int], rejected: dict)
                         costop_ms=p.get("costop-ms", 0), costart_ms=p.get("costart-ms", 0))
         out.append(Cell(f"{kind}-{d.name}", kind, (), (member,), kind=kind))
     return out
+
+
+def _balanced(n: int, slots: list[int], index_on: dict[tuple[int, int], int]) -> list[int]:
+    """The CPUs ``slots`` (the next ``n`` pool CPUs in turn, so every CPU
+    holds about as many relaxed vCPUs) handed to a guest's ``n`` vCPUs in
+    the rotation that puts each where the fewest vCPUs of its index are;
+    ``index_on`` ((vCPU index, CPU): how many) is updated.
+
+    This matters for guests whose work sits on one vCPU (in the probe the
+    guest kernel ran its one busy thread on vCPU 0 every time): handed out in
+    order, 2-vCPU guests on 2 CPUs all had vCPU 0 on the same CPU, and two
+    such guests ran at 0.48x the host scheduler
+    (``benchmarks/evidence/lopsided-pinned-apart/``)."""
+    def collisions(r: int) -> tuple[int, int]:
+        return sum(index_on.get((j, slots[(r + j) % n]), 0) for j in range(n)), r
+    r = min(range(n), key=collisions)
+    cpus = [slots[(r + j) % n] for j in range(n)]
+    for j, c in enumerate(cpus):
+        index_on[(j, c)] = index_on.get((j, c), 0) + 1
+    return cpus
 
 
 def _rt_budgets(cells: list[Cell], cfg: PlanConfig) -> list[Cell]:
