@@ -529,11 +529,13 @@ def phases(res: dict) -> list[str]:
             row.append(_num(_mean(rates), "{:.0f}") + f" ({len(rates)})")
         rows.append(row)
         if r["mode"] == "auto":
-            follow = [(p["kind"], p["mode_before"], p["mode_settled"], p["follow_s"]) for p in ps]
+            follow = [(name, [(p["kind"], p["mode_before"], p["mode_settled"], p["follow_s"]) for p in g["phases"]])
+                      for name, g in r["per_guest"].items()]
     lines += _table(["mode", "barrier phases, iterations/s (phases)", "blocking phases, iterations/s (phases)"], rows)
     if follow:
-        lines += ["", "auto, per phase: " + "; ".join(
-            f"{k}: {a}→{b} in {_num(t, '{:.1f}')} s" if a != b else f"{k}: kept {b}" for k, a, b, t in follow) + "."]
+        lines += ["", "auto, per guest and phase: " + "; ".join(f"{name}: " + ", ".join(
+            f"{k} {a}→{b} in {_num(t, '{:.1f}')} s" if a != b else f"{k} kept {b}" for k, a, b, t in ps)
+            for name, ps in follow) + "."]
     return lines
 
 

@@ -364,3 +364,17 @@ def test_a_steady_run_counts_each_change_of_mode_and_is_valid_only_where_status_
     assert "| blocking | 2 | gang 50%, none 50% | 5 | 5.0 | not met |" in text
     assert "| lu | 2 | gang 100% | 0 | 0.0 | invalid |" in text
     assert steady({"runs": []}) == []
+
+
+def test_phase_changes_are_reported_per_guest():
+    from benchmarks.report import phases
+    ph = lambda kind, before, after, t: {"kind": kind, "rate": 100.0 if kind == "barrier" else 10.0, "start_s": 0.0,  # noqa: E731
+                                         "mode_before": before, "mode_settled": after, "follow_s": t}
+    run = lambda mode, per_guest: {"workload": "phases", "mode": mode, "phase_ms": 20000, "per_guest": per_guest}  # noqa: E731
+    text = "\n".join(phases({"runs": [
+        run("cfs", {"a": {"phases": [ph("blocking", None, None, 0.0)]}, "b": {"phases": []}}),
+        run("auto", {"a": {"phases": [ph("blocking", "gang", "none", 2.0), ph("barrier", "none", "gang", 1.5)]},
+                     "b": {"phases": [ph("blocking", "none", "none", 0.0)]}})]}))
+    assert "| auto | 100 (1) | 10 (2) |" in text and "| cfs | - (0) | 10 (1) |" in text
+    assert "auto, per guest and phase: a: blocking gang→none in 2.0 s, barrier none→gang in 1.5 s; b: blocking kept none." in text
+    assert phases({"runs": []}) == []
