@@ -297,3 +297,10 @@ def test_a_guest_allowed_only_modes_the_planner_cannot_take_is_left_to_the_host(
     eff, changes = auto.settle(snap, lambda s: plan(s, PlanConfig()))
     assert auto.mode("u0") == "none" and eff.domains[0].policy.kind == "none"
     assert changes == [] and sorted(auto.explain("u0")["refused"]) == ["gang", "relaxed"]
+
+
+def test_with_every_cpu_reserved_a_busy_guest_is_left_to_the_host():
+    snap, auto = busy_guests(1)
+    eff, changes = auto.settle(snap, lambda s: plan(s, PlanConfig(reserved_cpus=(0, 1))))
+    assert auto.mode("u0") == "none" and changes == []
+    assert sorted(auto.explain("u0")["refused"]) == ["boost", "gang", "partial", "relaxed"]

@@ -149,6 +149,11 @@ def test_relaxed_guests_that_fill_the_pool_do_not_all_put_vcpu_0_on_one_cpu():
     assert [p.pins()[(f"uuid-{n}", 0)] for n in "abcd"] == [0, 2, 1, 3]
 
 
+def test_with_every_cpu_reserved_boost_is_refused_not_left_to_poll_for_nothing():
+    p = plan(snap(host(2), dom("b", kind="boost")), PlanConfig(reserved_cpus=(0, 1)))
+    assert p.cells == () and "pool is empty" in p.rejected["uuid-b"] and p.max_boosted == 0
+
+
 def test_relaxed_thresholds_must_leave_a_gap():
     import pytest
     from cosched.policy.params import ParamError

@@ -33,7 +33,9 @@ cores before SMT siblings.
     A guest with more vCPUs than the pool is rejected.
     ``boost`` guests are not pinned: a SCHED_DEADLINE boost needs the
     thread's affinity to span every CPU, and the kernel's deadline push is
-    what moves a boosted sibling off its sibling's CPU.
+    what moves a boosted sibling off its sibling's CPU. With every CPU in
+    ``reserved_cpus`` nothing may be boosted, and a ``boost`` guest is
+    rejected rather than polled for nothing.
 
 Safety rules enforced here, before anything touches the host:
 
@@ -234,7 +236,8 @@ def _watched(domains: list[Domain], host: Host, pool: list[int], rejected: dict)
     next_cpu, index_on = 0, {}
     for d in sorted(domains, key=lambda d: d.name):
         kind, p = d.policy.kind, dict(d.policy.params)
-        reason = _unfit(d, host, pool) if kind == RELAXED else None
+        reason = _unfit(d, host, pool) if kind == RELAXED else (
+            None if pool else "the co-scheduling pool is empty (reserved_cpus holds every CPU): nothing may be boosted")
         if reason:
             rejected[d.uuid] = f"not managed: {reason}"
             continue
