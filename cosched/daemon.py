@@ -179,12 +179,16 @@ class Daemon:
             self.engine.reconcile(effective)
 
     def modes(self) -> dict[str, str]:
-        """The mode in force per guest: under auto the one it runs the guest under, else the planned one."""
+        """The mode in force per guest, from the plan the engine runs (so that
+        status never shows a mode beside a plan that does not have it yet):
+        its cell's kind; ``none`` for a guest ``auto`` leaves to the host."""
         snap, plan = self.snapshot, self.engine.plan
         out = {}
         for d in snap.domains if snap else ():
-            mode = self.auto.mode(d.uuid) if d.policy is not None and d.policy.kind == "auto" else plan.mode_of(d.uuid)
-            if mode is not None and d.uuid not in plan.rejected:
+            mode = plan.mode_of(d.uuid)
+            if mode is None and d.policy is not None and d.policy.kind == "auto" and d.uuid not in plan.rejected:
+                mode = "none"
+            if mode is not None:
                 out[d.uuid] = mode
         return out
 
