@@ -156,6 +156,13 @@ def scores(contention: float, idleness: float, coschedule: str = "gang", spread:
     return out
 
 
+def _best(scores_: dict[str, float], allow, refused=()) -> str:
+    """The best-scoring mode in ``allow`` outside ``refused`` (ties: the lower
+    rung of :data:`LADDER`); ``none`` if none is left."""
+    left = [m for m in LADDER if m in allow and m not in refused]
+    return max(left, key=lambda m: scores_.get(m, 0.0)) if left else "none"
+
+
 @dataclass
 class Choice:
     """One guest's state under auto, and the last decision's reasons."""
@@ -186,9 +193,7 @@ class Chooser:
 
     def next_best(self, uuid: str, allow: tuple[str, ...], refused) -> str:
         """The best-scoring allowed mode outside ``refused``; ``none`` if no other is left."""
-        scores_ = self.guests[uuid].scores if uuid in self.guests else {}
-        left = [m for m in LADDER if m in allow and m not in refused]
-        return max(left, key=lambda m: scores_.get(m, 0.0)) if left else "none"
+        return _best(self.guests[uuid].scores if uuid in self.guests else {}, allow, refused)
 
     def forget(self, keep: set[str]) -> None:
         for uuid in [u for u in self.guests if u not in keep]:
@@ -207,14 +212,12 @@ class Chooser:
             setattr(ch, name, value if old is None else old + a * (value - old))
         ch.last = ev
         ch.scores = scores(ch.contention, ch.idleness, coschedule, ch.spread)
-        allowed = [m for m in LADDER if m in allow] or ["none"]
-        if ch.mode not in allowed:                         # the bounds changed: obey at once
-            best = max(allowed, key=lambda m: ch.scores[m])
+        best = _best(ch.scores, allow)
+        if ch.mode not in ([m for m in LADDER if m in allow] or ["none"]):     # the bounds changed: obey at once
             return self._change(ch, best, now, f"{ch.mode} is no longer allowed")
-        best = max(allowed, key=lambda m: ch.scores[m])
         gain = ch.scores[best] - ch.scores[ch.mode]
         raw = scores(ev.contention, ev.idleness, coschedule, ev.spread)
-        if best != ch.mode and best != max(allowed, key=lambda m: raw[m]):
+        if best != ch.mode and best != _best(raw, allow):
             # on the way between two rungs the smoothed signals pass the ones
             # between: move only where the latest window points as well
             ch.pending, ch.pending_n = None, 0
