@@ -321,7 +321,7 @@ def test_boost_raises_waiting_siblings_then_restores_what_they_had(trio, tmp_pat
         boosts = {d["name"]: sum(v["boosts"] for v in d["vcpus"]) for d in status["domains"] if d["name"] in NAMES}
         print(f"\nboost: outside {seen}  boosts {boosts}  rates {rates}")
         assert code == 0
-        assert all(n > 0 for n in boosts.values()), f"a guest was never boosted: {boosts}"
+        assert set(boosts) == set(NAMES) and all(n > 0 for n in boosts.values()), f"a guest was never boosted: {boosts}"
         assert sum(seen[n]["deadline"] for n in NAMES) > 0, "no vCPU was seen boosted from outside"
         assert sum(seen[n]["fifo"] for n in NAMES) > 0, "no SCHED_FIFO boost within a deadline boost's period seen"
         # a vCPU is frozen only for the instant of a return through the zero reservation: never co-stopped
