@@ -27,7 +27,9 @@ re-reads it (see :meth:`cosched.daemon.Daemon.reload`); ``connect``,
     each pass, but the program runs on every context switch of the host
     (0.7 µs each on the development host), so it costs more than sampling
     where vCPUs switch often; the log and ``cosched status`` say which is in
-    use and why. ``off``: sample ``/proc``.
+    use and why. With it, ``boost`` also learns of a calm guest's long waits
+    from the kernel as they turn long, instead of at its next look
+    (:mod:`cosched.policy.watch`). ``off``: sample ``/proc``.
 ``resync_interval_s`` (number 0.2-300, default 5)
     full rediscovery even without libvirt events.
 ``presets_dirs`` (list of strings, default ``["/etc/cosched/policies.d"]``)

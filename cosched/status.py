@@ -86,6 +86,7 @@ def document(snap: Snapshot | None, views: Mapping, plan: Plan, stats, live: Map
         "switches": dict(stats.switches),
         "forced_thaws": stats.forced_thaws,
         "long_waits_held": {why: stats.long_waits_held.get(why, 0) for why in HELD},
+        "long_waits_reported": stats.long_waits_reported,
         "errors": list(stats.errors)[-10:],
         "switch_latency_p99_seconds": stats.latency.quantile(0.99),
         "slot_lateness_p99_seconds": stats.lateness.quantile(0.99),

@@ -468,6 +468,70 @@ def test_a_calm_boost_guest_is_polled_less_often_and_an_idle_relaxed_one_every_t
     assert sched.calls == []
 
 
+class Reports:
+    """The meter's long-wait reports (cosched.sampler.meter.LongWaits), made by the test."""
+
+    def __init__(self):
+        self.after, self.watching, self.pending = None, set(), []
+
+    def set_after(self, ns):
+        self.after = ns
+
+    def watch(self, tid):
+        self.watching.add(tid)
+
+    def unwatch(self, tid):
+        self.watching.discard(tid)
+
+    def take(self):
+        got, self.pending = self.pending, []
+        return got
+
+
+def test_a_wait_the_meter_reports_long_gets_a_calm_guest_looked_at_and_boosted_at_once(tmp_path):
+    """A boost guest whose vCPUs sleep is looked at every 8 ms at most, and
+    its threads are reported while it is that calm; the meter's report of a
+    long wait has it looked at now, and the wait boosted at that first look.
+    Looked at every poll, or unwatched, its threads are not reported."""
+    from cosched.engine.switcher import LONG_WAIT_NS, boost_attr
+    from cosched.policy.watch import SLOWEST
+    fs, clock, sched, reports = tree(tmp_path), Clock(), FakeSched(), Reports()
+    procs = Procs(fs, (100, 101))
+    for tid in procs.state:
+        procs.state[tid][0] = "S"
+        procs.write(tid)
+    sw = Switcher(fs, 500 * MS, sched=sched.knob(fs, clock), clock=clock, long_waits=reports)
+    assert reports.after == LONG_WAIT_NS
+    sw.apply(watched("boost", replace(member("a"), boost_ms=2)))
+    sw.tick()
+    assert reports.watching == set()                     # new: looked at every poll
+    for _ in range(100):
+        clock.now = sw.tick()
+    assert sw.tick() - clock.now == SLOWEST * POLL        # calm: the next look 8 ms away
+    assert reports.watching == {100, 101}
+    clock.now += POLL
+    for tid in procs.state:                              # both woke: vCPU 0 runs, vCPU 1 waits
+        procs.state[tid][0] = "R"
+    procs.runs(100)
+    procs.write(101)
+    assert sw.tick() > clock.now and sched.calls == []   # not due: nothing looked at
+    reports.pending = [101, 999]                         # a thread it does not watch: ignored
+    sw.told(clock.now)
+    sw.tick()
+    assert sched.attrs[101] == boost_attr(2)
+    assert reports.watching == {100, 101}                # a wait reported long leaves the pace as it was
+    clock.now += POLL
+    procs.picked(101)                                    # it ran: its boost ends
+    sw.tick()
+    procs.preempted(101)
+    for _ in range(3):                                   # a long wait two looks see: every poll again
+        procs.runs(100)
+        clock.now = sw.tick()
+    assert reports.watching == set()
+    sw.apply(pr.Plan(2, 500, None, ()))
+    assert sched.attrs[101] == SchedAttr()
+
+
 def first_boost(fs, procs, clock, sched: FakeSched) -> Switcher:
     """A boost guest whose vCPU 0 runs while vCPU 1 waits for two polls: the switcher's first boost."""
     sw = Switcher(fs, 500 * MS, sched=sched.knob(fs, clock), clock=clock)

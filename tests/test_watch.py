@@ -53,6 +53,20 @@ def test_on_cpu_follows_from_the_last_poll_only_while_nothing_changed():
 
 
 # -- boost (BCS) -----------------------------------------------------------
+def test_bcs_boosts_a_wait_reported_long_at_the_first_look_that_sees_it():
+    """Looks alone call a wait long when two in a row see it; one the meter
+    reports long (``long``) is boosted at the first look, with the runner
+    held; a report of a vCPU that no longer waits boosts nothing."""
+    a, b = Thread(cpu=0), Thread(cpu=1)
+    a.runs(MS)
+    looks, told = Bcs(2, boost_ns=2 * MS, pause_ns=2 * MS), Bcs(2, boost_ns=2 * MS, pause_ns=2 * MS)
+    assert poll(looks, 0, [a, b]).boost == []
+    assert sorted(told.step(0, [a.seen(), b.seen()], 4, long={1}).boost) == [0, 1]
+    late = Bcs(2, boost_ns=2 * MS, pause_ns=2 * MS)
+    b.picked()                                          # switched in between the report and the look
+    assert late.step(0, [a.seen(), b.seen()], 4, long={1}).boost == []
+
+
 def test_bcs_boosts_a_waiting_sibling_until_it_has_run_and_holds_the_runner_meanwhile():
     a, b = Thread(cpu=0), Thread(cpu=1)
     bcs = Bcs(2, boost_ns=2 * MS, pause_ns=2 * MS)

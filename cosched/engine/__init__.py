@@ -46,6 +46,7 @@ from cosched.hostfs import HostFS
 from cosched.kernel import parse_schedstat
 from cosched.model import Snapshot
 from cosched.policy.plan import Plan, PlanConfig, plan
+from cosched.sampler.meter import LongWaits
 
 log = logging.getLogger("cosched.engine")
 
@@ -65,6 +66,7 @@ class EngineStats:
     boosts: dict[tuple[str, int], int] = field(default_factory=dict)     # (uuid, vcpu) -> boosts
     forced_thaws: int = 0
     long_waits_held: Counter = field(default_factory=Counter)         # why -> long waits not boosted
+    long_waits_reported: int = 0                                      # by the meter
     errors: deque = field(default_factory=lambda: deque(maxlen=50))
     active: dict[str, str] = field(default_factory=dict)
     boost_failed: dict[str, str] = field(default_factory=dict)
@@ -79,9 +81,10 @@ def stall_limit(max_stall_ms: int) -> float:
 
 
 def spawn_switcher(env: dict) -> subprocess.Popen:
-    """The real switcher: its own process (see :mod:`cosched.engine.switcher`)."""
+    """The real switcher: its own process (see :mod:`cosched.engine.switcher`),
+    given the meter's long-wait descriptors ``env`` names."""
     return subprocess.Popen([sys.executable, "-m", "cosched.engine.switcher"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, env=env, bufsize=1)
+                            stdout=subprocess.PIPE, text=True, env=env, bufsize=1, pass_fds=LongWaits.fds_in(env))
 
 
 class Engine:
@@ -99,8 +102,10 @@ class Engine:
     def __init__(self, fs: HostFS, journal: jr.Journal, pinner, *, reserved_cpus=(), max_stall_ms: int = 500,
                  switcher_priority: int = 50, dry_run: bool = False, sched: SchedKnob | None = None,
                  affinity: AffinityKnob | None = None, switcher_factory: Callable[[dict], object] = spawn_switcher,
-                 resync: Callable[[], None] = lambda: None):
+                 resync: Callable[[], None] = lambda: None,
+                 long_waits: Callable[[], dict[str, int] | None] = lambda: None):
         self.fs = fs
+        self.long_waits = long_waits          # the meter's long-wait descriptors now (None: no meter), for a switcher
         self.journal = journal
         self.pinner = pinner
         self.reserved_cpus = tuple(reserved_cpus)
@@ -395,8 +400,10 @@ class Engine:
 
     def _start_switcher(self, timeout: float = 10.0) -> bool:
         """Start the switcher and wait until it runs (realtime, if it may)."""
-        env = dict(os.environ, COSCHED_SWITCHER_PRIORITY=str(self.switcher_priority),
-                   COSCHED_HOST_ROOT=str(self.fs.root))
+        env = {k: v for k, v in os.environ.items() if k != LongWaits.ENV}
+        fds = self.long_waits()
+        env.update(COSCHED_SWITCHER_PRIORITY=str(self.switcher_priority), COSCHED_HOST_ROOT=str(self.fs.root),
+                   **(LongWaits.env(fds) if fds else {}))
         self._ready = False
         self._proc = self.switcher_factory(env)
         self._proc.started_at = self._heard = time.monotonic()
@@ -523,6 +530,7 @@ class Engine:
             s.forced_thaws += msg.forced_thaws
             self._released_by = max(self._released_by, msg.released_by)
             s.long_waits_held.update(msg.long_waits_held)
+            s.long_waits_reported += msg.long_waits_reported
             s.errors.extend(msg.errors)
             s.active = dict(msg.active)
             s.boost_failed = dict(msg.boost_failed)

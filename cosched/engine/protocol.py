@@ -99,6 +99,7 @@ class Stats:
     tallies: tuple[Tally, ...] = ()
     forced_thaws: int = 0
     long_waits_held: dict[str, int] = field(default_factory=dict)  # watched guests' long waits not boosted, by why
+    long_waits_reported: int = 0            # long waits the meter reported (LongWaits)
     errors: tuple[str, ...] = ()
     active: dict[str, str] = field(default_factory=dict)        # cell -> uuid of the member in its slot
     boost_failed: dict[str, str] = field(default_factory=dict)  # cell -> why it runs freeze-only

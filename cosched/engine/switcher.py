@@ -36,7 +36,11 @@ switch-ins (``/proc/TID/schedstat``) and, after either changed, its
 switch-outs (``/proc/TID/status``: whether it is on a CPU), read through
 descriptors kept open (as are the cgroups' ``cgroup.freeze`` and ``cgroup.events``);
 the rules of :mod:`cosched.policy.watch` say whom to boost, co-stop or
-co-start. A watched boost is SCHED_DEADLINE (see :func:`boost_attr`), or
+co-start. With the in-kernel meter, the daemon passes the switcher the
+meter's long-wait reports (:class:`cosched.sampler.meter.LongWaits`;
+their descriptors named in ``COSCHED_LONG_WAITS``): a calm ``boost``
+guest's vCPU still waiting 0.5 ms after its wait began wakes the loop, and
+the guest is looked at then. A watched boost is SCHED_DEADLINE (see :func:`boost_attr`), or
 SCHED_FIFO within the period of the vCPU's last deadline boost (see
 :func:`fifo_budget_ns`).
 
@@ -82,11 +86,13 @@ from cosched.hostfs import HostFS
 from cosched.kernel import on_cpu, parse_schedstat, stat_runnable_cpu
 from cosched.policy.plan import WATCHED
 from cosched.policy.watch import Bcs, Relaxed, Seen, on_cpu_unchanged
+from cosched.sampler.meter import LongWaits, MeterUnavailable
 
 log = logging.getLogger("cosched.switcher")
 STATS_EVERY_NS = int(pr.STATS_EVERY_S * 1e9)
 IDLE_STATS_EVERY_NS = int(pr.IDLE_STATS_EVERY_S * 1e9)
 WATCH_POLL_NS = 500_000      # 1 ms co-ran siblings measurably less often (barrier guests, 2-CPU host)
+LONG_WAIT_NS = WATCH_POLL_NS  # a wait the meter reports long: as long as the shortest two looks can tell
 BOOST_MARGIN_NS = 2_000_000
 MAX_SHARE = 0.5               # of a CPU, per boost (boost_share)
 FAIR_SERVER_SHARE = 0.05      # the deadline server that keeps CFS tasks running (Linux 6.12+: 50 ms per second per CPU)
@@ -231,6 +237,8 @@ class Watched:
                                                              # pinning) holds (Bcs.fifo_only)
     seen: list[Seen | None] = field(default_factory=list)    # the last look's
     due: int = 0                                             # when its next look is (monotonic ns)
+    long: set[int] = field(default_factory=set)              # vCPUs reported in a long wait since the last look
+    told: bool = False                                       # its long waits are reported (Switcher._tell)
 
 
 @dataclass
@@ -265,6 +273,7 @@ class Counters:
     costops: dict[tuple[str, int], int] = field(default_factory=dict)
     boosts: dict[tuple[str, int], int] = field(default_factory=dict)
     held: Counter = field(default_factory=Counter)      # long waits of watched guests not boosted, by why
+    reported: int = 0                                   # long waits the meter reported of guests watched
     forced_thaws: int = 0
     errors: list[str] = field(default_factory=list)
 
@@ -284,8 +293,13 @@ class Switcher:
     """
 
     def __init__(self, fs: HostFS, max_stall_ns: int, rt_top_us: int | None = None,
-                 sched=None, clock: Callable[[], int] = time.monotonic_ns, admission: Admission | None = None):
+                 sched=None, clock: Callable[[], int] = time.monotonic_ns, admission: Admission | None = None,
+                 long_waits=None):
         self.fs = fs
+        self.long_waits = long_waits                 # the meter's long-wait reports (LongWaits), or None
+        if long_waits is not None:
+            long_waits.set_after(LONG_WAIT_NS)
+        self._told: dict[int, tuple[str, int]] = {}  # reported thread -> (uuid of its watch, vCPU index)
         self.max_stall_ns = max_stall_ns
         self.rt_top_us = rt_top_us
         self.sched = sched if sched is not None else SchedKnob(fs, clock=clock)
@@ -505,8 +519,46 @@ class Switcher:
         log.info("domain=%s action=watch mode=%s", m.name, cell.mode)
         return Watched(cell.id, m, rules, fds, tuple(MemberState(m).keys()))
 
+    def _tell(self, w: Watched) -> None:
+        """Have the meter report the long waits of a ``boost`` guest while it
+        is calm (looked at less often than every poll), and not otherwise:
+        a guest looked at every poll has its long waits seen within a poll
+        of their start anyway, and reports would only add wake-ups."""
+        if self.long_waits is None or not isinstance(w.rules, Bcs) or (w.rules.every > 1) == w.told:
+            return
+        w.told = not w.told
+        m = w.plan
+        try:
+            for v in m.vcpus:
+                if w.told:
+                    self.long_waits.watch(v.tid)
+                    self._told[v.tid] = (m.uuid, v.index)
+                else:
+                    self._untell(v.tid)
+        except OSError as e:              # left told, with nothing reported: tried again at its next calm
+            for v in m.vcpus:
+                self._untell(v.tid)
+            self._error(f"domain={m.name}: {e}; its long waits are found by looks alone")
+
+    def _untell(self, tid: int) -> None:
+        if self._told.pop(tid, None) is not None:
+            self.long_waits.unwatch(tid)
+
+    def told(self, now: int) -> None:
+        """Take the meter's reports of long waits: each one's guest is looked at now."""
+        for tid in self.long_waits.take():
+            uuid, i = self._told.get(tid, (None, None))
+            w = self.watched.get(uuid)
+            if w is not None and i < len(w.keys) and w.keys[i][2] == tid:
+                self.counters.reported += 1
+                w.long.add(i)
+                w.due = now
+                self.next_poll = now
+
     def _unwatch(self, w: Watched, now: int) -> None:
         """Stop watching: thaw and unboost its vCPUs, close its descriptors."""
+        for v in w.plan.vcpus:
+            self._untell(v.tid)
         for k in w.keys:
             if k in self.vinfo:
                 self._freeze(k, False, now)
@@ -601,7 +653,12 @@ class Switcher:
             if isinstance(rules, Relaxed):      # a forced thaw ends a co-stop too
                 for v, k in zip(rules.vcpus, keys):
                     v.frozen = k in self.vstate and self.vstate[k].frozen
-            acts = rules.step(now, seen, 0 if w.boost_failed else max(room, 0))
+            if w.long:                          # reported: only boost guests' are (Bcs)
+                acts = rules.step(now, seen, 0 if w.boost_failed else max(room, 0), long=w.long)
+                w.long = set()
+            else:
+                acts = rules.step(now, seen, 0 if w.boost_failed else max(room, 0))
+            self._tell(w)
             w.due = now + rules.next_in * WATCH_POLL_NS
             if not w.boost_failed:
                 held = dict(acts.held)
@@ -830,7 +887,8 @@ class Switcher:
             switches=c.switches, latency_ns=tuple(c.latency_ns), lateness_ns=tuple(c.lateness_ns),
             tallies=tuple(pr.Tally(uuid, vcpu, c.costop_ns.get((uuid, vcpu), 0), c.costops.get((uuid, vcpu), 0),
                                    c.boosts.get((uuid, vcpu), 0)) for uuid, vcpu in vcpus),
-            forced_thaws=c.forced_thaws, long_waits_held=dict(c.held), errors=tuple(c.errors),
+            forced_thaws=c.forced_thaws, long_waits_held=dict(c.held), long_waits_reported=c.reported,
+            errors=tuple(c.errors),
             active={cell.id: cell.members[cell.active].uuid for cell in self.cells.values() if cell.members},
             boost_failed=failed, released=released, released_by=self.sched.released_by())
 
@@ -844,6 +902,7 @@ def serve(sw: Switcher, rfd: int, write: Callable[[str], None], realtime: bool,
     non-empty; everything is released before it returns.
     """
     stopping = stopping if stopping is not None else []
+    told = [sw.long_waits.fileno()] if sw.long_waits is not None else []
     write(pr.encode(pr.Ready(realtime)))
     buf = b""
     next_stats = time.monotonic_ns() + STATS_EVERY_NS
@@ -853,11 +912,13 @@ def serve(sw: Switcher, rfd: int, write: Callable[[str], None], realtime: bool,
             now = time.monotonic_ns()
             wake = min(d for d in (deadline, next_stats) if d is not None)
             try:
-                ready, _, _ = select.select([rfd, *sw.exits], [], [], max(wake - now, 0) / 1e9)
+                ready, _, _ = select.select([rfd, *sw.exits, *told], [], [], max(wake - now, 0) / 1e9)
             except InterruptedError:
                 continue
             for fd in ready:
-                if fd != rfd:
+                if fd in told:
+                    sw.told(time.monotonic_ns())
+                elif fd != rfd:
                     sw.exited(fd)
             if rfd in ready:
                 chunk = os.read(rfd, 1 << 20)
@@ -910,7 +971,12 @@ def main() -> int:
     except OSError as e:
         realtime = False
         log.warning("action=no-realtime error=%r: boosts disabled, switching may be late", os.strerror(e.errno))
-    sw = Switcher(HostFS(os.environ.get("COSCHED_HOST_ROOT", "/")), max_stall_ns=500_000_000)
+    try:
+        long_waits = LongWaits.from_env(os.environ)
+    except MeterUnavailable as e:
+        long_waits = None
+        log.warning("action=long-waits-off error=%r: long waits are found by looks", str(e))
+    sw = Switcher(HostFS(os.environ.get("COSCHED_HOST_ROOT", "/")), max_stall_ns=500_000_000, long_waits=long_waits)
     stopping: list = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stopping.append(1))

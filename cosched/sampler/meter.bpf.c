@@ -15,6 +15,12 @@
  * dead (it exited).
  * User space adds a thread in state UNKNOWN, which counts in nothing until
  * the thread's first switch or wake-up says what it is.
+ *
+ * Long waits: a metered thread also in `watched` (the switcher's boost
+ * guests) arms its timer when it starts waiting for a CPU; if it is still
+ * in that same wait `long_wait_ns` later (config[0]) while a sibling runs,
+ * its thread id goes to the `long_waits` ring buffer, which wakes the
+ * switcher. So a wait is known long when it is, without a look.
  */
 #include <stdbool.h>
 #include <linux/types.h>
@@ -70,6 +76,78 @@ struct {
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 } guests SEC(".maps");
 
+struct watch {				/* one watched thread: its long-wait timer */
+	struct bpf_timer timer;
+	__u64 since;			/* the start of the wait it is armed for */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);		/* thread id */
+	__type(value, struct watch);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+} watched SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);		/* long_wait_ns: 0 reports nothing */
+} config SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 16);
+} long_waits SEC(".maps");
+
+#define CLOCK_MONOTONIC 1
+
+/* The timer of a watched thread: still in the wait it was armed for, next
+ * to a running sibling? Then report it. */
+static int expired(void *map, __u32 *key, struct watch *w)
+{
+	__u32 tid = *key, id, state;
+	struct thread *t = bpf_map_lookup_elem(&threads, &tid);
+	struct guest *g;
+	__u32 *out;
+	__u64 since;
+
+	if (!t)
+		return 0;
+	bpf_spin_lock(&t->lock);
+	state = t->state;
+	since = t->since;
+	id = t->guest;
+	bpf_spin_unlock(&t->lock);
+	if (state != WAITING || since != w->since)
+		return 0;
+	g = bpf_map_lookup_elem(&guests, &id);
+	if (!g || !*(volatile __u32 *)&g->running)
+		return 0;
+	out = bpf_ringbuf_reserve(&long_waits, sizeof(*out), 0);
+	if (out) {
+		*out = tid;
+		bpf_ringbuf_submit(out, 0);
+	}
+	return 0;
+}
+
+/* A watched thread started waiting at now: report it if it still waits long_wait_ns from now. */
+static __always_inline void arm(__u32 tid, __u64 now)
+{
+	struct watch *w = bpf_map_lookup_elem(&watched, &tid);
+	__u32 zero = 0;
+	__u64 *after = bpf_map_lookup_elem(&config, &zero);
+
+	if (!w || !after || !*after)
+		return;
+	w->since = now;
+	bpf_timer_init(&w->timer, &watched, CLOCK_MONOTONIC);	/* -EBUSY once done: harmless */
+	bpf_timer_set_callback(&w->timer, expired);
+	bpf_timer_start(&w->timer, *after, 0);
+}
+
 /* Thread tid enters state at now; wake: a wake-up, which changes nothing
  * for a thread still on its CPU (woken before it slept). */
 static __always_inline void change(__u32 tid, __u32 state, __u64 now, bool wake)
@@ -98,6 +176,8 @@ static __always_inline void change(__u32 tid, __u32 state, __u64 now, bool wake)
 	t->state = state;
 	t->since = now;
 	bpf_spin_unlock(&t->lock);
+	if (state == WAITING)
+		arm(tid, now);
 
 	g = bpf_map_lookup_elem(&guests, &id);
 	if (!g)

@@ -21,6 +21,11 @@ kernel's own run time (and so the sampler) leaves out. A thread is added
 in the state its caller read (from ``/proc``), or ``UNKNOWN``, which
 counts in nothing until its first switch or wake-up. Nothing it loads
 outlives the process: the programs and maps go with their file descriptors.
+
+The same program reports long waits (:class:`LongWaits`) of the threads
+the switcher asks for, as they turn long: what ``/proc`` cannot tell, as
+it shows when a wait began nowhere (the kernel's schedstats, which would,
+are not built into every kernel).
 """
 from __future__ import annotations
 
@@ -35,7 +40,7 @@ from pathlib import Path
 OBJECT = Path(__file__).with_name("meter.bpf.o")
 LIBBPF = "libbpf.so.1"
 UNKNOWN, RUNNING, WAITING, SLEEPING, FROZEN, DEAD = range(6)
-BPF_ANY, BPF_F_LOCK = 0, 4
+BPF_ANY, BPF_NOEXIST, BPF_F_LOCK = 0, 1, 4
 BPF_STATS_RUN_TIME = 0
 PROGRAMS = ("on_switch", "on_wakeup")
 
@@ -102,8 +107,13 @@ def _libbpf() -> ctypes.CDLL:
         "bpf_map__fd": (i, [p]),
         "bpf_map_update_elem": (i, [i, p, p, u64]),
         "bpf_map_delete_elem": (i, [i, p]),
+        "bpf_map_get_next_key": (i, [i, p, p]),
         "bpf_map_lookup_batch": (i, [i, p, p, p, p, ctypes.POINTER(ctypes.c_uint32), p]),
         "bpf_enable_stats": (i, [i]),
+        "ring_buffer__new": (p, [i, p, p, p]),
+        "ring_buffer__epoll_fd": (i, [p]),
+        "ring_buffer__consume": (i, [p]),
+        "ring_buffer__free": (None, [p]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)
@@ -143,13 +153,24 @@ class Meter:
                     raise MeterUnavailable(f"cannot attach {name}: {os.strerror(ctypes.get_errno())}")
                 links.append(link)
             fds = {name: lib.bpf_map__fd(lib.bpf_object__find_map_by_name(obj, name.encode()))
-                   for name in ("threads", "guests")}
+                   for name in ("threads", "guests", *LongWaits.MAPS)}
         except BaseException:
             for link in links:
                 lib.bpf_link__destroy(link)
             lib.bpf_object__close(obj)
             raise
         return cls(lib, obj, links, fds)
+
+    def long_waits(self) -> dict[str, int]:
+        """The descriptors of the long-wait reports (:class:`LongWaits`), for
+        a new switcher: nothing watched yet (what one killed had asked for
+        is dropped)."""
+        key, nxt = ctypes.c_uint32(), ctypes.c_uint32()
+        while self.lib.bpf_map_get_next_key(self.fds["watched"], None, ctypes.byref(nxt)) == 0:
+            key.value = nxt.value
+            if self.lib.bpf_map_delete_elem(self.fds["watched"], ctypes.byref(key)) != 0:
+                break
+        return {name: self.fds[name] for name in LongWaits.MAPS}
 
     def close(self) -> None:
         if self.obj is None:
@@ -246,6 +267,102 @@ class Meter:
             gt[gid] = GuestTimes(g.hazard / 1e9 + (extra if g.running and g.waiting else 0.0),
                                  g.partial / 1e9 + (extra if g.waiting and not g.running else 0.0))
         return Reading(tt, gt)
+
+
+_SAMPLE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+
+
+class LongWaits:
+    """The meter's reports of long waits, for the switcher's ``boost``
+    guests: a thread given to :meth:`watch` (and followed by the meter) that
+    is still in one wait for a CPU :meth:`set_after`'s nanoseconds after it
+    began, while a sibling runs, is reported once, at that moment, by the
+    kernel (a BPF timer armed at the wait's start): :meth:`fileno` becomes
+    readable and :meth:`take` returns its thread id. The switcher runs in
+    its own process: :meth:`Meter.long_waits` gives the descriptors to pass
+    it, and :meth:`from_env` takes them back there."""
+
+    MAPS = ("watched", "config", "long_waits")
+    ENV = "COSCHED_LONG_WAITS"
+
+    def __init__(self, fds: dict[str, int], lib: ctypes.CDLL | None = None):
+        self.lib = lib or _libbpf()
+        self.fds = fds
+        self._got: list[int] = []
+        self._cb = _SAMPLE(self._sample)          # kept: libbpf calls it
+        self._rb = self.lib.ring_buffer__new(fds["long_waits"], self._cb, None, None)
+        if not self._rb:
+            raise OSError(ctypes.get_errno(), f"meter: cannot open the long-wait ring buffer: "
+                                              f"{os.strerror(ctypes.get_errno())}")
+
+    @classmethod
+    def env(cls, fds: dict[str, int]) -> dict[str, str]:
+        """The environment naming descriptors ``fds`` (:meth:`Meter.long_waits`), for :meth:`from_env`."""
+        return {cls.ENV: ",".join(f"{name}:{fd}" for name, fd in fds.items())}
+
+    @classmethod
+    def fds_in(cls, environ) -> tuple[int, ...]:
+        """The descriptors ``environ`` names (to pass to the process it is for)."""
+        value = environ.get(cls.ENV)
+        return tuple(int(part.split(":")[1]) for part in value.split(",")) if value else ()
+
+    @classmethod
+    def from_env(cls, environ) -> LongWaits | None:
+        """The reports whose descriptors ``environ`` names (None where it
+        names none, or they cannot be used: the switcher then looks only)."""
+        value = environ.get(cls.ENV)
+        if not value:
+            return None
+        try:
+            fds = {name: int(fd) for name, fd in (part.split(":") for part in value.split(","))}
+            if set(fds) != set(cls.MAPS):
+                raise ValueError(f"{cls.ENV}={value!r}: expected {', '.join(cls.MAPS)}")
+            return cls(fds)
+        except (ValueError, OSError, MeterUnavailable) as e:
+            raise MeterUnavailable(f"long-wait reports unavailable: {e}") from None
+
+    def _sample(self, ctx, data, size) -> int:
+        if size >= 4:
+            self._got.append(ctypes.c_uint32.from_address(data).value)
+        return 0
+
+    def set_after(self, ns: int) -> None:
+        """Report a wait once it has lasted ``ns`` (0: report none)."""
+        k, v = ctypes.c_uint32(0), ctypes.c_uint64(ns)
+        if self.lib.bpf_map_update_elem(self.fds["config"], ctypes.byref(k), ctypes.byref(v), BPF_ANY) != 0:
+            e = ctypes.get_errno()
+            raise OSError(e, f"meter: cannot set the long-wait time: {os.strerror(e)}")
+
+    def watch(self, tid: int) -> None:
+        """Report the long waits of thread ``tid`` (kept as it is if already watched)."""
+        k, v = ctypes.c_uint32(tid), _Watch()
+        if self.lib.bpf_map_update_elem(self.fds["watched"], ctypes.byref(k), ctypes.byref(v), BPF_NOEXIST) != 0:
+            e = ctypes.get_errno()
+            if e != errno.EEXIST:
+                raise OSError(e, f"meter: cannot watch thread {tid}: {os.strerror(e)}")
+
+    def unwatch(self, tid: int) -> None:
+        """No more reports of thread ``tid`` (its pending timer goes with it)."""
+        k = ctypes.c_uint32(tid)
+        self.lib.bpf_map_delete_elem(self.fds["watched"], ctypes.byref(k))
+
+    def fileno(self) -> int:
+        return self.lib.ring_buffer__epoll_fd(self._rb)
+
+    def take(self) -> list[int]:
+        """The thread ids reported since the last call, oldest first."""
+        self.lib.ring_buffer__consume(self._rb)
+        got, self._got = self._got, []
+        return got
+
+    def close(self) -> None:
+        if self._rb:
+            self.lib.ring_buffer__free(self._rb)
+            self._rb = None
+
+
+class _Watch(ctypes.Structure):
+    _fields_ = [("timer", ctypes.c_uint64 * 2), ("since", ctypes.c_uint64)]
 
 
 @contextmanager

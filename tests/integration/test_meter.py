@@ -4,6 +4,7 @@ daemon that counts a real guest with it."""
 from __future__ import annotations
 
 import os
+import select
 import subprocess
 import sys
 import tempfile
@@ -14,7 +15,7 @@ import pytest
 
 from cosched.discovery.host import cgroup_layout
 from cosched.hostfs import HostFS
-from cosched.sampler.meter import FROZEN, SLEEPING, UNKNOWN, Meter
+from cosched.sampler.meter import FROZEN, SLEEPING, UNKNOWN, LongWaits, Meter
 from testbed import guests
 from testbed.daemon import DaemonProcess
 
@@ -127,6 +128,58 @@ def test_a_frozen_thread_is_metered_as_frozen_and_the_rest_of_the_host_is_not(me
     assert set(thawed.threads) == {p.pid}            # only what it was given
 
 
+def test_the_meter_reports_each_long_wait_of_a_watched_thread_once_as_it_turns_long(meter):
+    """Three threads of one guest on one CPU, two of them watched: each wait
+    of a watched one that lasts half a millisecond beside a running sibling
+    is reported once (never more often than it was switched in), at that
+    moment; the unwatched one never."""
+    spinners = [spinner(0, 0.2) for _ in range(3)]
+    a, b, c = spinners
+    lw = None
+    try:
+        time.sleep(0.3)                                   # all asleep on stdin
+        meter.add(5, {p.pid: SLEEPING for p in spinners})
+        lw = LongWaits(meter.long_waits(), meter.lib)
+        lw.set_after(500_000)
+        lw.watch(a.pid)
+        lw.watch(b.pid)
+        before = {p.pid: switch_ins(p.pid) for p in spinners}
+        start = meter.read()
+        for p in spinners:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        reports, done = [], 0
+        while done < 3:
+            ready, _, _ = select.select([lw.fileno(), *(p.stdout for p in spinners)], [], [], 5)
+            assert ready, "the spinners neither finished nor waited"
+            for r in ready:
+                if r == lw.fileno():
+                    reports += lw.take()
+                else:
+                    assert r.readline() == "done\n"
+                    done += 1
+        reports += lw.take()
+        end = meter.read()
+        after = {p.pid: switch_ins(p.pid) for p in spinners}
+    finally:
+        if lw is not None:
+            lw.set_after(0)
+            lw.close()
+        for p in spinners:
+            p.kill()
+            p.wait()
+    counts = {p.pid: reports.count(p.pid) for p in spinners}
+    waited = {p.pid: end.threads[p.pid].wait - start.threads[p.pid].wait for p in spinners}
+    assert set(reports) == {a.pid, b.pid}, (counts, waited)        # the subject: both watched ones reported
+    for p in (a, b):
+        assert 1 <= counts[p.pid] <= after[p.pid] - before[p.pid], (counts, before, after)
+        assert counts[p.pid] * 0.0005 <= waited[p.pid] + 0.001, (counts, waited)   # each at least 0.5 ms long
+
+
+def switch_ins(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[2])
+
+
 def test_a_daemon_with_the_meter_counts_a_real_guest_with_it(start_guest, tmp_path):
     daemon = DaemonProcess(tmp_path, extra_config='meter = "auto"\n').start()
     try:
@@ -142,5 +195,24 @@ def test_a_daemon_with_the_meter_counts_a_real_guest_with_it(start_guest, tmp_pa
         assert observed > 1.5 and all(r > 0.2 for r in ran), (observed, ran)   # a busy guest, counted
         assert 0.0 <= last["hazard_seconds"] - first["hazard_seconds"] <= observed
         assert "action=observe source=meter" in daemon.log.read_text()
+    finally:
+        assert daemon.stop() == 0, daemon.log.read_text()
+
+
+def test_a_daemon_with_the_meter_has_the_long_waits_of_calm_boost_guests_reported(start_guest, tmp_path):
+    """Two `blocking` guests under `boost` on two CPUs: their vCPUs mostly
+    sleep, so the switcher looks at them less often than every poll, and
+    the meter reports their long waits to it; it boosts them."""
+    daemon = DaemonProcess(tmp_path, extra_config='meter = "auto"\n').start()
+    try:
+        gs = [start_guest(f"reports-{i}", workload="blocking", policy=guests.annotation("boost")) for i in range(2)]
+        for g in gs:
+            g.wait_for("cosched-result")
+        assert daemon.status()["daemon"]["observation"] == {"source": "meter", "why": None}
+        engine = lambda: daemon.status()["daemon"]["engine"]
+        daemon.wait(lambda: engine()["long_waits_reported"] >= 20, 30, "20 long waits reported")
+        boosts = {d["name"]: sum(v["boosts"] for v in d["vcpus"]) for d in daemon.status()["domains"]
+                  if d["name"] in {g.name for g in gs}}
+        assert set(boosts) == {g.name for g in gs} and sum(boosts.values()) > 0, boosts
     finally:
         assert daemon.stop() == 0, daemon.log.read_text()
