@@ -121,6 +121,21 @@ def _libbpf() -> ctypes.CDLL:
     return lib
 
 
+def _put(lib: ctypes.CDLL, fd: int, key: int, value, what: str, flags: int = BPF_ANY) -> None:
+    """Write ``value`` (a ctypes object) at ``key`` (u32) of map ``fd``; an
+    OSError saying it could not ``what``."""
+    k = ctypes.c_uint32(key)
+    if lib.bpf_map_update_elem(fd, ctypes.byref(k), ctypes.byref(value), flags) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"meter: cannot {what}: {os.strerror(e)}")
+
+
+def _drop(lib: ctypes.CDLL, fd: int, key: int) -> int:
+    """Delete ``key`` (u32) from map ``fd``: 0, or -1 where it was not there."""
+    k = ctypes.c_uint32(key)
+    return lib.bpf_map_delete_elem(fd, ctypes.byref(k))
+
+
 class Meter:
     """The loaded and attached meter. :meth:`add` and :meth:`remove` say
     which threads to follow, :meth:`read` returns every figure at once (two
@@ -165,10 +180,9 @@ class Meter:
         """The descriptors of the long-wait reports (:class:`LongWaits`), for
         a new switcher: nothing watched yet (what one killed had asked for
         is dropped)."""
-        key, nxt = ctypes.c_uint32(), ctypes.c_uint32()
-        while self.lib.bpf_map_get_next_key(self.fds["watched"], None, ctypes.byref(nxt)) == 0:
-            key.value = nxt.value
-            if self.lib.bpf_map_delete_elem(self.fds["watched"], ctypes.byref(key)) != 0:
+        first = ctypes.c_uint32()
+        while self.lib.bpf_map_get_next_key(self.fds["watched"], None, ctypes.byref(first)) == 0:
+            if _drop(self.lib, self.fds["watched"], first.value) != 0:
                 break
         return {name: self.fds[name] for name in LongWaits.MAPS}
 
@@ -187,14 +201,7 @@ class Meter:
         self.close()
 
     def _update(self, name: str, key: int, value: ctypes.Structure) -> None:
-        k = ctypes.c_uint32(key)
-        if self.lib.bpf_map_update_elem(self.fds[name], ctypes.byref(k), ctypes.byref(value), BPF_ANY) != 0:
-            e = ctypes.get_errno()
-            raise OSError(e, f"meter: cannot add {name[:-1]} {key}: {os.strerror(e)}")
-
-    def _delete(self, name: str, key: int) -> None:
-        k = ctypes.c_uint32(key)
-        self.lib.bpf_map_delete_elem(self.fds[name], ctypes.byref(k))
+        _put(self.lib, self.fds[name], key, value, f"add {name[:-1]} {key}")
 
     def add(self, guest: int, states: dict[int, int]) -> None:
         """Follow guest number ``guest`` (any number the caller chooses) made
@@ -217,9 +224,9 @@ class Meter:
     def remove(self, guest: int) -> None:
         """Stop following a guest and its threads."""
         for tid in [t for t, g in self.members.items() if g == guest]:
-            self._delete("threads", tid)
+            _drop(self.lib, self.fds["threads"], tid)
             del self.members[tid]
-        self._delete("guests", guest)
+        _drop(self.lib, self.fds["guests"], guest)
         self.guest_ids.discard(guest)
 
     def _dump(self, name: str, kind: type, n: int) -> dict[int, ctypes.Structure]:
@@ -301,23 +308,28 @@ class LongWaits:
         return {cls.ENV: ",".join(f"{name}:{fd}" for name, fd in fds.items())}
 
     @classmethod
+    def _named(cls, environ) -> dict[str, int]:
+        """The descriptors ``environ`` names, by map (ValueError if malformed)."""
+        value = environ.get(cls.ENV)
+        if not value:
+            return {}
+        fds = {name: int(fd) for name, fd in (part.split(":") for part in value.split(","))}
+        if set(fds) != set(cls.MAPS):
+            raise ValueError(f"{cls.ENV}={value!r}: expected {', '.join(cls.MAPS)}")
+        return fds
+
+    @classmethod
     def fds_in(cls, environ) -> tuple[int, ...]:
         """The descriptors ``environ`` names (to pass to the process it is for)."""
-        value = environ.get(cls.ENV)
-        return tuple(int(part.split(":")[1]) for part in value.split(",")) if value else ()
+        return tuple(cls._named(environ).values())
 
     @classmethod
     def from_env(cls, environ) -> LongWaits | None:
         """The reports whose descriptors ``environ`` names (None where it
         names none, or they cannot be used: the switcher then looks only)."""
-        value = environ.get(cls.ENV)
-        if not value:
-            return None
         try:
-            fds = {name: int(fd) for name, fd in (part.split(":") for part in value.split(","))}
-            if set(fds) != set(cls.MAPS):
-                raise ValueError(f"{cls.ENV}={value!r}: expected {', '.join(cls.MAPS)}")
-            return cls(fds)
+            fds = cls._named(environ)
+            return cls(fds) if fds else None
         except (ValueError, OSError, MeterUnavailable) as e:
             raise MeterUnavailable(f"long-wait reports unavailable: {e}") from None
 
@@ -328,23 +340,19 @@ class LongWaits:
 
     def set_after(self, ns: int) -> None:
         """Report a wait once it has lasted ``ns`` (0: report none)."""
-        k, v = ctypes.c_uint32(0), ctypes.c_uint64(ns)
-        if self.lib.bpf_map_update_elem(self.fds["config"], ctypes.byref(k), ctypes.byref(v), BPF_ANY) != 0:
-            e = ctypes.get_errno()
-            raise OSError(e, f"meter: cannot set the long-wait time: {os.strerror(e)}")
+        _put(self.lib, self.fds["config"], 0, ctypes.c_uint64(ns), "set the long-wait time")
 
     def watch(self, tid: int) -> None:
         """Report the long waits of thread ``tid`` (kept as it is if already watched)."""
-        k, v = ctypes.c_uint32(tid), _Watch()
-        if self.lib.bpf_map_update_elem(self.fds["watched"], ctypes.byref(k), ctypes.byref(v), BPF_NOEXIST) != 0:
-            e = ctypes.get_errno()
-            if e != errno.EEXIST:
-                raise OSError(e, f"meter: cannot watch thread {tid}: {os.strerror(e)}")
+        try:
+            _put(self.lib, self.fds["watched"], tid, _Watch(), f"watch thread {tid}", BPF_NOEXIST)
+        except OSError as e:
+            if e.errno != errno.EEXIST:
+                raise
 
     def unwatch(self, tid: int) -> None:
         """No more reports of thread ``tid`` (its pending timer goes with it)."""
-        k = ctypes.c_uint32(tid)
-        self.lib.bpf_map_delete_elem(self.fds["watched"], ctypes.byref(k))
+        _drop(self.lib, self.fds["watched"], tid)
 
     def fileno(self) -> int:
         return self.lib.ring_buffer__epoll_fd(self._rb)
