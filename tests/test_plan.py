@@ -69,6 +69,7 @@ def test_lone_member_is_not_boosted_but_costopped_as_relaxed():
     (cell,) = p.cells
     assert cell.members[0].priority == 0 and cell.max_stall_ms == 0
     assert (cell.mode, cell.kind, p.mode_of("uuid-a")) == ("relaxed", "gang", "gang")
+    assert cell.note.startswith("a alone in its gang cell") and "co-stopped as under relaxed" in cell.note
     assert (cell.members[0].costop_ms, cell.members[0].costart_ms) == (3, 2)
     assert sorted(p.pins().values()) == [0, 1]                   # still pinned, siblings apart
 

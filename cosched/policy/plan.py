@@ -305,10 +305,12 @@ def _rt_budgets(cells: list[Cell], cfg: PlanConfig) -> list[Cell]:
 
 
 def _lone_relaxed(cells: list[Cell]) -> list[Cell]:
-    """A freeze cell of one guest cannot rotate: co-stop its leaders instead."""
-    return [replace(c, mode=RELAXED, members=tuple(replace(m, priority=0, rt_vcpu_us=None, boost_ms=0,
-                                                           costop_ms=COSTOP.default, costart_ms=COSTART.default)
-                                                   for m in c.members))
+    """A freeze cell of one guest cannot rotate: co-stop its leaders instead, and say so."""
+    return [replace(c, mode=RELAXED, note=f"{c.members[0].name} alone in its {c.kind} cell, nothing to take turns "
+                                          "with: its leading vCPUs are co-stopped as under relaxed",
+                    members=tuple(replace(m, priority=0, rt_vcpu_us=None, boost_ms=0,
+                                          costop_ms=COSTOP.default, costart_ms=COSTART.default)
+                                  for m in c.members))
             if c.mode == FREEZE and len(c.members) == 1 else c for c in cells]
 
 
