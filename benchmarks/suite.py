@@ -102,6 +102,7 @@ from benchmarks import report
 from benchmarks.stats import (RUNNABLE, RUNNING, SLEEPING, episode_figures, frozen_at, hazard_episodes,
                               hist_delta, reconstructed, states_at, timelines, trace_figures, window_skews)
 from benchmarks.trace import SchedTrace
+from cosched.config import METER_MODES, Config
 from cosched.policy.watch import HELD
 from testbed import guests, image, services
 from testbed.daemon import DaemonProcess
@@ -848,9 +849,9 @@ def main(argv: list[str] | None = None) -> int:
                          "with parameters if wanted (boost:pause-ms=0)")
     ap.add_argument("--seconds", type=float, default=6.0, help="measurement interval per run")
     ap.add_argument("--settle", type=float, default=1.5, help="wait after a mode change")
-    ap.add_argument("--meter", choices=("auto", "off"), default="off",
-                    help="the daemon's meter setting (its default: off): its figures from the in-kernel meter "
-                         "(auto) or from /proc samples (off)")
+    ap.add_argument("--meter", choices=METER_MODES, default=Config.meter,
+                    help=f"the daemon's meter setting (default: the daemon's, {Config.meter}): its figures from "
+                         "the in-kernel meter (auto) or from /proc samples (off)")
     ap.add_argument("--reps", type=int, default=2, help="repetitions of every mode")
     ap.add_argument("--retries", type=int, default=2, help="measure an invalid run again, up to this many times")
     ap.add_argument("--no-truth", dest="truth", action="store_false",

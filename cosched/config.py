@@ -19,15 +19,15 @@ re-reads it (see :meth:`cosched.daemon.Daemon.reload`); ``connect``,
     (sampling, and what the rest of the daemon uses, which comes off first,
     down to half): on a host with many vCPUs the sampling period stretches
     beyond ``sample_interval_ms`` to stay within it (see :mod:`cosched.sampler`).
-``meter`` (``auto`` or ``off``, default ``off``)
+``meter`` (``auto`` or ``off``, default ``auto``)
     ``auto``: count hazard, contention and each vCPU's run, wait and frozen
     time in the kernel (a BPF program on the scheduler's switch and wake-up
     events, :mod:`cosched.sampler.meter`) where the host allows it (root,
     BTF, libbpf, the built meter): exact, and without reading ``/proc``
-    each pass, but the program runs on every context switch of the host
-    (0.7 µs each on the development host), so it costs more than sampling
-    where vCPUs switch often; the log and ``cosched status`` say which is in
-    use and why. With it, ``boost`` also learns of a calm guest's long waits
+    each pass; the program runs on every context switch and wake-up of the
+    host (0.7 µs each on the development host, where guests ran as fast
+    with it as without). Where the host does not allow it, cosched samples
+    ``/proc``; the log and ``cosched status`` say which is in use and why. With it, ``boost`` also learns of a calm guest's long waits
     from the kernel as they turn long, instead of at its next look
     (:mod:`cosched.policy.watch`). ``off``: sample ``/proc``.
 ``resync_interval_s`` (number 0.2-300, default 5)
@@ -77,7 +77,7 @@ class Config:
     default_policy: str = "none"
     sample_interval_ms: int = 10
     sample_budget_pct: float = 2.0
-    meter: str = "off"
+    meter: str = "auto"
     resync_interval_s: float = 5.0
     presets_dirs: tuple[str, ...] = ("/etc/cosched/policies.d",)
     state_dir: str = "/run/cosched"

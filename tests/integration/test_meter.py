@@ -180,21 +180,26 @@ def switch_ins(pid: int) -> int:
     return int(Path(f"/proc/{pid}/schedstat").read_text().split()[2])
 
 
-def test_a_daemon_with_the_meter_counts_a_real_guest_with_it(start_guest, tmp_path):
-    daemon = DaemonProcess(tmp_path, extra_config='meter = "auto"\n').start()
+@pytest.mark.parametrize("config,observation,logged", [
+    # the default; `make test` builds the meter and this kernel has BTF: nothing may make it fall back
+    ("", {"source": "meter", "why": None}, "action=observe source=meter"),
+    ('meter = "off"\n', {"source": "proc", "why": 'meter = "off" in the configuration'},
+     "action=observe source=proc reason='meter = \"off\" in the configuration'"),
+], ids=["default-meter", "off-proc"])
+def test_a_daemon_counts_a_real_guest_with_the_meter_or_from_proc(start_guest, tmp_path, config, observation, logged):
+    daemon = DaemonProcess(tmp_path, extra_config=config).start()
     try:
         g = start_guest("meter", workload="barrier", policy=guests.annotation("none"))
         g.wait_for("cosched-result")                          # booted and spinning on both vCPUs
         first, _ = daemon.wait(lambda: (d := daemon.domain(g.name)) and len(d["vcpus"]) == 2 and d, 10, "2 vCPUs")
-        # `make test` builds the meter and this kernel has BTF: nothing may make it fall back
-        assert daemon.status()["daemon"]["observation"] == {"source": "meter", "why": None}
+        assert daemon.status()["daemon"]["observation"] == observation
         time.sleep(2.0)
         last = daemon.domain(g.name)
         observed = last["observed_seconds"] - first["observed_seconds"]
         ran = [b["run_seconds"] - a["run_seconds"] for a, b in zip(first["vcpus"], last["vcpus"])]
         assert observed > 1.5 and all(r > 0.2 for r in ran), (observed, ran)   # a busy guest, counted
         assert 0.0 <= last["hazard_seconds"] - first["hazard_seconds"] <= observed
-        assert "action=observe source=meter" in daemon.log.read_text()
+        assert logged in daemon.log.read_text()
     finally:
         assert daemon.stop() == 0, daemon.log.read_text()
 
@@ -203,7 +208,7 @@ def test_a_daemon_with_the_meter_has_the_long_waits_of_calm_boost_guests_reporte
     """Two `blocking` guests under `boost` on two CPUs: their vCPUs mostly
     sleep, so the switcher looks at them less often than every poll, and
     the meter reports their long waits to it; it boosts them."""
-    daemon = DaemonProcess(tmp_path, extra_config='meter = "auto"\n').start()
+    daemon = DaemonProcess(tmp_path).start()                # the meter is the default
     try:
         gs = [start_guest(f"reports-{i}", workload="blocking", policy=guests.annotation("boost")) for i in range(2)]
         for g in gs:
