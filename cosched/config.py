@@ -27,8 +27,9 @@ re-reads it (see :meth:`cosched.daemon.Daemon.reload`); ``connect``,
     each pass; the program runs on every context switch and wake-up of the
     host (0.7 µs each on the development host, where guests ran as fast
     with it as without). Where the host does not allow it, cosched samples
-    ``/proc``; the log and ``cosched status`` say which is in use and why. With it, ``boost`` also learns of a calm guest's long waits
-    from the kernel as they turn long, instead of at its next look
+    ``/proc``; the log and ``cosched status`` say which is in use and why.
+    With it, ``boost`` also learns of a calm guest's long waits from the
+    kernel as they turn long, instead of at its next look
     (:mod:`cosched.policy.watch`). ``off``: sample ``/proc``.
 ``resync_interval_s`` (number 0.2-300, default 5)
     full rediscovery even without libvirt events.

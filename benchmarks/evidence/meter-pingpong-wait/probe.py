@@ -14,14 +14,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+from cosched.kernel import parse_schedstat            # noqa: E402
 from testbed import guests, image                      # noqa: E402
 from testbed.daemon import DaemonProcess              # noqa: E402
 
 INTERVALS, SECONDS = 3, 3.0
 
 
-def schedstat(pid: int, tids: list[int]) -> dict[int, list[int]]:
-    return {t: [int(x) for x in Path(f"/proc/{pid}/task/{t}/schedstat").read_text().split()] for t in tids}
+def schedstat(pid: int, tids: list[int]) -> dict[int, tuple[int, int, int]]:
+    return {t: parse_schedstat(Path(f"/proc/{pid}/task/{t}/schedstat").read_bytes()) for t in tids}
 
 
 def measure(daemon: DaemonProcess, name: str) -> list[dict]:
