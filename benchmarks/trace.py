@@ -39,7 +39,7 @@ INSTANCE = "cosched-bench"
 _LINE = re.compile(r"^\s*(.*?)-(\d+)\s+\[(\d+)\]\s+\S+\s+(\d+\.\d+): "
                    r"(sched_switch|sched_wakeup|sched_stat_runtime|cgroup_freeze|cgroup_unfreeze): (.*)$")
 _SWITCH = re.compile(r"prev_pid=(\d+) prev_prio=-?\d+ prev_state=(\S+) ==> next_comm=(.*) next_pid=(\d+) next_prio=")
-_WAKEUP = re.compile(r"(?:^|\s)pid=(\d+) prio=")
+_WAKEUP = re.compile(r"(?:^|\s)pid=(\d+) prio=-?\d+(?: target_cpu=(\d+))?")
 _PRIOS = re.compile(r"(?:^|\s)(?:prev_|next_)?pid=(\d+) (?:prev_|next_)?prio=(-?\d+)")
 _RUNTIME = re.compile(r"(?:^|\s)pid=(\d+) runtime=")
 _CGROUP = re.compile(r"^root=0 id=\d+ level=\d+ path=(\S+)")      # root 0: the v2 hierarchy
@@ -113,11 +113,19 @@ def parse(text: str, tids: set[int], cgroups: dict[int, str] | None = None) -> l
     happened: when the CPU went idle or the thread became runnable (or, with
     its wake-up unseen, left its CPU), whichever is later. An idle CPU picks a runnable thread at once, so the
     error is the idle exit latency.
+
+    A thread woken on its own CPU by that CPU's idle task (the line's
+    current task) waits for no other task, only for the CPU to leave idle:
+    it runs from the wake-up, as the kernel bills it and as cosched's meter
+    counts it. Should the CPU's first task after that be another, the
+    thread waits from then (from the first line that shows it, where the
+    switch is hidden).
     """
     out: list[Event] = []
     curr: dict[int, int] = {}           # cpu -> pid current there, as far as seen
     idle_since: dict[int, float] = {}   # cpu -> when it switched to idle
     off: dict[int, float] = {}          # tid -> when it last became runnable, or else left its CPU
+    woken: dict[int, int] = {}          # cpu -> thread woken there while it idled, not yet switched in
     running: set[int] = set()
     cgroups = cgroups or {}
     frozen_paths: set[str] = set()
@@ -129,6 +137,14 @@ def parse(text: str, tids: set[int], cgroups: dict[int, str] | None = None) -> l
     def switch_in(t: float, tid: int) -> None:
         out.append(Event(t, tid, "in"))
         running.add(tid)
+
+    def first_task(t: float, cpu: int, tid: int) -> None:
+        """``tid`` is the first task on ``cpu`` since it woke one while idle."""
+        w = woken.pop(cpu)
+        if w != tid and w in running:
+            out.append(Event(t, w, "out-runnable"))
+            running.discard(w)
+            off[w] = t
 
     for line in text.splitlines():
         m = _LINE.match(line)
@@ -143,6 +159,8 @@ def parse(text: str, tids: set[int], cgroups: dict[int, str] | None = None) -> l
                 out.extend(Event(t, tid, "freeze" if frozen(tid) else "thaw")
                            for tid in sorted(cgroups) if tid in tids and frozen(tid) != was[tid])
             continue
+        if pid != 0 and cpu in woken:          # a switch from idle, hidden
+            first_task(t, cpu, pid)
         if curr.get(cpu) != pid:
             if pid in tids and pid not in running:
                 since = off.get(pid, t)
@@ -153,6 +171,8 @@ def parse(text: str, tids: set[int], cgroups: dict[int, str] | None = None) -> l
             if not s:
                 continue
             prev, state, nxt = int(s.group(1)), s.group(2), int(s.group(4))
+            if cpu in woken:
+                first_task(t, cpu, nxt)
             if prev in tids:
                 preempted = state.startswith("R")
                 out.append(Event(t, prev, "out-runnable" if preempted else "out-sleep"))
@@ -173,6 +193,9 @@ def parse(text: str, tids: set[int], cgroups: dict[int, str] | None = None) -> l
             if tid in tids and tid not in running:
                 out.append(Event(t, tid, "wakeup"))
                 off[tid] = t
+                if pid == 0 and w.group(2) is not None and int(w.group(2)) == cpu and cpu not in woken:
+                    woken[cpu] = tid
+                    switch_in(t, tid)
     return out
 
 

@@ -35,6 +35,31 @@ def test_a_switch_in_from_idle_the_kernel_dropped_is_recovered():
     assert [e.t for e in ev if e.tid == 12 and e.kind == "in"] == [100.0, 100.007]
 
 
+IDLE_WAKE = """\
+          <idle>-0       [000] dNh2.     1.000000: sched_wakeup: comm=CPU 0/TCG pid=11 prio=120 target_cpu=000
+          <idle>-0       [000] d..2.     1.000013: sched_switch: prev_comm=swapper/0 prev_pid=0 prev_prio=120 prev_state=R ==> next_comm=CPU 0/TCG next_pid=11 next_prio=120
+          <idle>-0       [000] dNh2.     1.001000: sched_wakeup: comm=CPU 1/TCG pid=12 prio=120 target_cpu=001
+       CPU 0/TCG-11      [000] d..2.     1.002000: sched_switch: prev_comm=CPU 0/TCG prev_pid=11 prev_prio=120 prev_state=S ==> next_comm=swapper/0 next_pid=0 next_prio=120
+          <idle>-0       [000] dNh2.     1.003000: sched_wakeup: comm=CPU 0/TCG pid=11 prio=120 target_cpu=000
+          <idle>-0       [000] d..2.     1.003010: sched_switch: prev_comm=swapper/0 prev_pid=0 prev_prio=120 prev_state=R ==> next_comm=kworker/0:1 next_pid=5 next_prio=120
+     kworker/0:1-5       [000] d..2.     1.004000: sched_switch: prev_comm=kworker/0:1 prev_pid=5 prev_prio=120 prev_state=S ==> next_comm=CPU 0/TCG next_pid=11 next_prio=120
+"""
+
+
+def test_a_thread_woken_by_its_idle_cpu_runs_from_the_wake_up_unless_another_task_goes_first():
+    # 11 woken by idle CPU 0 at 1.000, switched in 13 us later: running from 1.000;
+    # 12 woken by CPU 0's idle task for CPU 1: it waits for CPU 1 (never switched in here);
+    # 11 woken by idle CPU 0 again at 1.003, but a kworker gets the CPU first: waits from 1.00301 to 1.004
+    ev = parse(IDLE_WAKE, {11, 12})
+    assert [(e.t, e.kind) for e in ev if e.tid == 11 and e.kind != "wakeup"] == [
+        (1.0, "in"), (1.000013, "in"), (1.002, "out-sleep"), (1.003, "in"), (1.00301, "out-runnable"), (1.004, "in")]
+    assert [e.kind for e in ev if e.tid == 12] == ["wakeup"]
+    start = states_at(ev, {11, 12}, 1.0)
+    f = trace_figures(timelines(ev, start, 1.0, 1.005))
+    assert abs(f["run"][11] - 0.00301) < 1e-9 and abs(f["wait"][11] - 0.00099) < 1e-9, f
+    assert abs(f["wait"][12] - 0.004) < 1e-9, f
+
+
 def test_other_threads_are_ignored():
     both = parse(TRACE, {11, 12})
     assert {e.tid for e in both} == {11, 12}
