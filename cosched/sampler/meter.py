@@ -19,7 +19,9 @@ progress up to the reading's own clock (``CLOCK_MONOTONIC``, the clock of
 includes what the hypervisor underneath stole from its CPU, which the
 kernel's own run time (and so the sampler) leaves out. A thread is added
 in the state its caller read (from ``/proc``), or ``UNKNOWN``, which
-counts in nothing until its first switch or wake-up. Nothing it loads
+counts in nothing until its first switch or wake-up. A thread woken by its
+own CPU while that CPU idles runs from its wake-up, as the kernel bills it:
+it waits for no other task, only for the CPU to leave idle. Nothing it loads
 outlives the process: the programs and maps go with their file descriptors.
 
 The same program reports long waits (:class:`LongWaits`) of the threads
@@ -56,7 +58,7 @@ class _Thread(ctypes.Structure):
 
 
 class _Guest(ctypes.Structure):
-    _fields_ = [("lock", ctypes.c_uint32), ("running", ctypes.c_uint32), ("waiting", ctypes.c_uint32),
+    _fields_ = [("lock", ctypes.c_uint32), ("running", ctypes.c_int32), ("waiting", ctypes.c_int32),
                 ("pad", ctypes.c_uint32), ("since", ctypes.c_uint64), ("hazard", ctypes.c_uint64),
                 ("partial", ctypes.c_uint64)]
 
@@ -271,8 +273,8 @@ class Meter:
         gt = {}
         for gid, g in guests.items():
             extra = max(now - g.since, 0) / 1e9
-            gt[gid] = GuestTimes(g.hazard / 1e9 + (extra if g.running and g.waiting else 0.0),
-                                 g.partial / 1e9 + (extra if g.waiting and not g.running else 0.0))
+            gt[gid] = GuestTimes(g.hazard / 1e9 + (extra if g.running > 0 and g.waiting > 0 else 0.0),
+                                 g.partial / 1e9 + (extra if g.waiting > 0 >= g.running else 0.0))
         return Reading(tt, gt)
 
 

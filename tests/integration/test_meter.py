@@ -99,6 +99,49 @@ def test_two_threads_on_one_cpu_are_metered_as_the_kernel_accounts_them(meter):
     assert hazard > 0.1, hazard              # one CPU for two: mostly one ran while the other waited
 
 
+SLEEPER = """
+import os, sys, time
+os.sched_setaffinity(0, {%d})
+sys.stdin.readline()
+end = time.monotonic() + %f
+while time.monotonic() < end:             # thousands of wake-ups a second, each on its own CPU
+    time.sleep(0.0002)
+sys.stdout.write("done\\n"); sys.stdout.flush()
+sys.stdin.readline()
+"""
+
+
+def test_a_thread_woken_on_its_idle_cpu_is_metered_as_running_from_its_wake_up(meter):
+    """A thread that sleeps 0.2 ms at a time on one CPU, otherwise idle: each
+    wake-up is handled by that idle CPU, and the thread waits for no other
+    task, only for the CPU to leave idle (8-16 us on a virtual host). The
+    kernel bills that as run time; so must the meter, or a lone guest whose
+    vCPUs wake each other would read as contended."""
+    p = subprocess.Popen([sys.executable, "-c", SLEEPER % (1, 1.0)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.3)                                    # asleep on stdin
+        meter.add(3, {p.pid: SLEEPING})
+        before, ins = schedstat(p.pid), switch_ins(p.pid)
+        steal = stolen(1)
+        first = meter.read()
+        p.stdin.write("go\n")
+        p.stdin.flush()
+        assert p.stdout.readline() == "done\n"
+        last = meter.read()
+        after, ins = schedstat(p.pid), switch_ins(p.pid) - ins
+        steal = stolen(1) - steal + 1 / os.sysconf("SC_CLK_TCK")
+    finally:
+        p.kill()
+        p.wait()
+    run, wait = after[0] - before[0], after[1] - before[1]
+    t0, t1 = first.threads[p.pid], last.threads[p.pid]
+    assert ins > 1000 and run > 0.05, (ins, run)          # the subject: it woke and ran, often
+    # the kernel bills 1-4 us of each wake-up as run delay; the meter nothing where the CPU idled
+    assert t1.wait - t0.wait <= wait + 0.005, (t1.wait - t0.wait, wait, ins)
+    assert abs((t1.run - t0.run) - run) < 0.005 + steal + wait, (t1.run - t0.run, run, wait, steal)
+
+
 def test_a_frozen_thread_is_metered_as_frozen_and_the_rest_of_the_host_is_not(meter):
     mode, v2 = cgroup_layout(HostFS("/"))
     assert v2, "no cgroup v2 tree to freeze in"
