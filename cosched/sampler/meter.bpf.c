@@ -38,7 +38,7 @@
 char LICENSE[] SEC("license") = "GPL";
 
 struct thread_info {
-	__u32 cpu;			/* task_cpu() */
+	__u32 cpu;			/* task_cpu(), since Linux 5.16 */
 } __attribute__((preserve_access_index));
 
 struct task_struct {
@@ -46,6 +46,19 @@ struct task_struct {
 	int pid;
 	unsigned int frozen:1;		/* set by cgroup_enter_frozen() before it schedules */
 } __attribute__((preserve_access_index));
+
+struct task_struct___515 {		/* task_cpu() before 5.16 */
+	unsigned int cpu;
+} __attribute__((preserve_access_index));
+
+/* The CPU whose run queue holds p: whichever field this kernel has (the
+ * other branch's relocation fails at load, and the branch is dropped). */
+static __always_inline __u32 task_cpu(struct task_struct *p)
+{
+	if (bpf_core_field_exists(p->thread_info.cpu))
+		return BPF_CORE_READ(p, thread_info.cpu);
+	return BPF_CORE_READ((struct task_struct___515 *)p, cpu);
+}
 
 enum { UNKNOWN = 0, RUNNING = 1, WAITING = 2, SLEEPING = 3, FROZEN = 4, DEAD = 5 };
 #define TASK_DEAD 0x80
@@ -272,7 +285,7 @@ int BPF_PROG(on_wakeup, struct task_struct *p)
 	struct woken *w = bpf_map_lookup_elem(&woken, &zero);
 	struct task_struct *curr = bpf_get_current_task_btf();
 
-	if (w && !w->tid && curr->pid == 0 && p->thread_info.cpu == cpu) {	/* woken by its idle CPU */
+	if (w && !w->tid && curr->pid == 0 && task_cpu(p) == cpu) {	/* woken by its idle CPU */
 		if (change(p->pid, RUNNING, now, true, 0)) {
 			w->tid = p->pid;
 			w->since = now;
