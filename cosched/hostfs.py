@@ -19,14 +19,17 @@ PIDFD_THREAD = os.O_EXCL        # include/uapi/linux/pidfd.h (Linux 6.9): a pidf
 class HostFS:
     def __init__(self, root: str | os.PathLike = "/"):
         self.root = Path(root)
+        self._prefix = str(self.root).rstrip("/") + "/"
 
     def path(self, host_path: str) -> Path:
         """The real location of ``host_path`` under this root."""
         return self.root / host_path.lstrip("/")
 
     def read(self, host_path: str) -> str:
-        with open(self.path(host_path), encoding="utf-8", errors="replace") as f:
-            return f.read()
+        """The whole file as text (UTF-8, undecodable bytes replaced, line
+        ends as text mode reads them)."""
+        text = self.read_bytes(host_path).decode("utf-8", "replace")
+        return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
 
     def read_or(self, host_path: str, default: str | None = None) -> str | None:
         """``read``, but ``default`` when the file is gone (a thread exited)."""
@@ -36,8 +39,18 @@ class HostFS:
             return default
 
     def read_bytes(self, host_path: str) -> bytes:
-        with open(self.path(host_path), "rb") as f:
-            return f.read()
+        """The whole file, through one descriptor and no buffered file object:
+        the switcher reads a boosted vCPU's /proc files around every boost,
+        thousands of times a second, and the file object's layers took three
+        quarters of each read's time (10-12 us against 3-4, here)."""
+        fd = os.open(self._prefix + host_path.lstrip("/"), os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            chunks = []
+            while chunk := os.read(fd, 65536):
+                chunks.append(chunk)
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
 
     def write(self, host_path: str, data: str) -> None:
         with open(self.path(host_path), "w", encoding="utf-8") as f:

@@ -16,6 +16,18 @@ def test_cpu_list_format():
     assert parse_cpu_list("") == ()
 
 
+def test_a_file_is_read_whole_as_text_mode_reads_it(tmp_path):
+    fs = HostFS(tmp_path)
+    (tmp_path / "proc/1").mkdir(parents=True)
+    data = b"a\r\nb\rc\n\xff" + b"x" * 200_000          # line ends, a byte that is no UTF-8, more than one read
+    (tmp_path / "proc/1/stat").write_bytes(data)
+    with open(tmp_path / "proc/1/stat", encoding="utf-8", errors="replace") as f:
+        expected = f.read()
+    assert fs.read("/proc/1/stat") == expected and expected.startswith("a\nb\nc\n\ufffd") and len(expected) == 200_007
+    assert fs.read_bytes("proc/1/stat") == data
+    assert fs.read_or("/proc/2/stat", "gone") == "gone"
+
+
 def test_host_topology_smt_and_numa(tmp_path):
     FakeHost(tmp_path, cpus=8, smt=2, nodes=2)
     host = read_host(HostFS(tmp_path))
