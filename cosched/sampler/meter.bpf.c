@@ -281,16 +281,18 @@ SEC("tp_btf/sched_wakeup")
 int BPF_PROG(on_wakeup, struct task_struct *p)
 {
 	__u64 now = bpf_ktime_get_ns();
-	__u32 zero = 0, cpu = bpf_get_smp_processor_id();
-	struct woken *w = bpf_map_lookup_elem(&woken, &zero);
-	struct task_struct *curr = bpf_get_current_task_btf();
+	__u32 zero = 0;
+	struct woken *w;
 
-	if (w && !w->tid && curr->pid == 0 && task_cpu(p) == cpu) {	/* woken by its idle CPU */
-		if (change(p->pid, RUNNING, now, true, 0)) {
-			w->tid = p->pid;
-			w->since = now;
+	if (bpf_get_current_task_btf()->pid == 0 && task_cpu(p) == bpf_get_smp_processor_id()) {
+		w = bpf_map_lookup_elem(&woken, &zero);		/* woken by its idle CPU */
+		if (w && !w->tid) {
+			if (change(p->pid, RUNNING, now, true, 0)) {
+				w->tid = p->pid;
+				w->since = now;
+			}
+			return 0;
 		}
-		return 0;
 	}
 	change(p->pid, WAITING, now, true, 0);
 	return 0;
