@@ -135,8 +135,9 @@ class OpenFile:
                 raise
         return op(self._fd())
 
-    def read(self) -> str:
-        return self._call(lambda fd: os.pread(fd, 4096, 0)).decode("utf-8", "replace")
+    def read(self, size: int = 4096) -> str:
+        """The file's text, up to ``size`` bytes (one ``pread``)."""
+        return self._call(lambda fd: os.pread(fd, size, 0)).decode("utf-8", "replace")
 
     def write(self, data: str) -> None:
         self._call(lambda fd: os.pwrite(fd, data.encode(), 0))

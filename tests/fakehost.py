@@ -46,8 +46,8 @@ class PathFile:
     def __init__(self, fs: HostFS, host_path: str):
         self.fs, self.host_path = fs, host_path
 
-    def read(self) -> str:
-        return self.fs.read(self.host_path)
+    def read(self, size: int = 4096) -> str:
+        return self.fs.read(self.host_path)[:size]
 
     def write(self, data: str) -> None:
         self.fs.write(self.host_path, data)

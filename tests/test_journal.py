@@ -2,6 +2,7 @@
 import contextlib
 import os
 import threading
+import time
 
 import pytest
 from fakehost import FakeSched
@@ -331,6 +332,42 @@ def test_a_boost_that_found_an_old_budget_is_not_fresh(fake, fs):
     assert knob.fresh(8)                                    # not given one by this knob
 
 
+def test_a_boosted_threads_files_stay_open_until_it_is_forgotten_or_gone():
+    """The knob reads a boosted thread's ``stat`` and ``sched`` through
+    descriptors it keeps, closes them when told to forget the thread, and
+    on its own once the thread has exited (the kernel answers ESRCH through
+    them). A live thread of this test; its attributes only go to a fake."""
+    sched, stop, tids = FakeSched(), threading.Event(), []
+    knob = sched.knob(HostFS("/"), clock=time.monotonic_ns, offset=lambda: 0)
+    boost = SchedAttr("deadline", runtime_ns=4_000_000, deadline_ns=8_000_000, period_ns=8_000_000)
+    t = threading.Thread(target=lambda: (tids.append(threading.get_native_id()), stop.wait()))
+    t.start()
+    while not tids:
+        time.sleep(0.001)
+    tid = tids[0]
+
+    def open_files():
+        found = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                found.append(os.readlink(f"/proc/self/fd/{fd}"))
+            except FileNotFoundError:           # the listing's own descriptor, closed since
+                pass
+        return sorted(f for f in found if f.startswith(f"/proc/{tid}/"))
+
+    try:
+        knob.apply(tid, boost)
+        assert knob.fresh(tid) and knob.fresh(tid)      # asleep in stop.wait(): its sched is not read
+        assert open_files() == [f"/proc/{tid}/stat"]
+        knob.forget(tid)
+        assert open_files() == []
+        assert knob.fresh(tid) and open_files() == [f"/proc/{tid}/stat"]
+    finally:
+        stop.set()
+        t.join()
+    assert knob.fresh(tid) and open_files() == []       # gone: closed at the first read
+
+
 def test_a_deadline_budget_is_read_from_the_sched_text():
     from cosched.kernel import parse_dl
     assert parse_dl("policy : 6\ndl.runtime                 :              -92000\n"
@@ -353,7 +390,6 @@ def test_the_kernel_clock_is_measured_against_the_monotonic_clock():
     says, within a millisecond. Each figure is the clock read before a
     call against the deadline the call gave, so a delay in between only
     adds to it: the least of five is taken on both sides."""
-    import time
     from cosched.kernel import parse_dl
     offsets = [kernel_clock_offset(HostFS("/")) for _ in range(5)]
     assert None not in offsets
@@ -395,7 +431,6 @@ def spent_returns(knob: SchedKnob, tid: int, original: SchedAttr, still) -> tupl
     straight (no zero reservation), the CPU time the thread had in each
     boost that followed a straight return, and how many boosts were found
     stale."""
-    import time
     short = SchedAttr("deadline", runtime_ns=1_000_000, deadline_ns=20_000_000, period_ns=20_000_000)
     made, put = [], knob.set
     knob.set = lambda t, attr: (made.append(attr), put(t, attr))[1]
@@ -447,7 +482,6 @@ def test_returning_a_deadline_thread_leaves_no_bandwidth_behind(tmp_path):
     import random
     import re
     import subprocess
-    import time
     from cosched.actuators.freezer import Freezer
     from cosched.engine.switcher import STILL_WAIT_S, boost_attr, boost_share
     from cosched.kernel import parse_dl, parse_stat

@@ -563,6 +563,8 @@ class Switcher:
             if k in self.vinfo:
                 self._freeze(k, False, now)
                 self._unboost(k)
+        for v in w.plan.vcpus:
+            self.sched.forget(v.tid)
         for fds in w.fds:
             for fd in fds or ():
                 os.close(fd)
