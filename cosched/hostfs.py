@@ -8,12 +8,44 @@ Paths given to the methods are absolute host paths (``/proc/1/stat``).
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
+import resource
 from pathlib import Path
 
 from cosched.kernel import status_field
 
 PIDFD_THREAD = os.O_EXCL        # include/uapi/linux/pidfd.h (Linux 6.9): a pidfd of one thread
+FD_SETSIZE = 1024               # select(2) takes descriptors below this
+OUT_OF_FILES = (errno.EMFILE, errno.ENFILE)   # the process's open files limit reached, or the system's
+
+
+def raise_open_files_limit() -> tuple[int, int]:
+    """Raise this process's soft limit of open files to its hard limit, and
+    return (before, after). The daemon keeps two or three descriptors open
+    per vCPU thread it samples, and its switcher (which inherits the limit)
+    up to eight per vCPU it watches; systemd starts services with a soft
+    limit of 1,024 (and a hard one of 524,288), which would have them stop
+    opening at a few hundred vCPUs. ``OSError`` where the kernel (or a
+    seccomp filter) refuses."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:                   # not called otherwise: a strict seccomp filter may refuse the call
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return soft, hard
+
+
+def _kept(fd: int) -> int:
+    """``fd``, moved to ``FD_SETSIZE`` or above where the open files limit
+    allows: descriptors kept open for good leave the numbers below it to
+    those the switcher waits on with select(2) (its timer needs
+    microseconds, which poll(2) does not take): pidfds of vCPU threads and
+    the meter's reports."""
+    try:
+        high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, FD_SETSIZE)
+    except OSError:                   # the limit is FD_SETSIZE or below, or reached
+        return fd
+    os.close(fd)
+    return high
 
 
 class HostFS:
@@ -77,7 +109,7 @@ class HostFS:
 
     def open_fd(self, host_path: str) -> int:
         """A read-only descriptor, for files sampled many times a second."""
-        return os.open(self.path(host_path), os.O_RDONLY | os.O_CLOEXEC)
+        return _kept(os.open(self._real(host_path), os.O_RDONLY | os.O_CLOEXEC))
 
     def exit_fd(self, tid: int) -> int | None:
         """A descriptor that turns readable once thread ``tid`` has exited
@@ -123,7 +155,7 @@ class OpenFile:
 
     def _fd(self) -> int:
         if self.fd is None:
-            self.fd = os.open(self.path, self.flags)
+            self.fd = _kept(os.open(self.path, self.flags))
         return self.fd
 
     def _call(self, op):

@@ -19,7 +19,7 @@ from cosched.discovery import Sources
 from cosched.discovery.libvirt import LibvirtSource
 from cosched.discovery.processes import ProcessSource
 from cosched.engine import Engine
-from cosched.hostfs import HostFS
+from cosched.hostfs import HostFS, raise_open_files_limit
 from cosched.sampler import Sampler
 from cosched.sampler.meter import Meter, MeterUnavailable
 
@@ -29,6 +29,12 @@ log = logging.getLogger("cosched.wiring")
 def build_daemon(config: Config, *, dry_run: bool = False, config_path: str | None = None,
                  overrides: dict | None = None, root: str = "/") -> Daemon:
     fs = HostFS(root)
+    try:
+        before, after = raise_open_files_limit()     # for this process and the switcher it starts
+        if after != before:
+            log.info("action=open-files-limit old=%d new=%d", before, after)
+    except OSError as e:
+        log.warning("action=open-files-limit error=%r: the limit stays; past it vCPUs go unsampled", str(e))
     wake = threading.Event()
     latest = Latest()
     found = {"libvirt": lambda: LibvirtSource(config.connect, wake.set),

@@ -1,8 +1,10 @@
+import pytest
+
 from cosched.discovery import build_domain, build_snapshot
 from cosched.discovery.host import cgroup_layout, read_host
 from cosched.discovery.libvirt import DomainFacts
 from cosched.discovery.threads import Placed, find_qemu_pid, live_state, vcpu_threads
-from cosched.hostfs import HostFS, parse_cpu_list
+from cosched.hostfs import FD_SETSIZE, HostFS, parse_cpu_list
 from cosched.policy.presets import Presets
 from fakehost import FakeHost
 
@@ -26,6 +28,38 @@ def test_a_file_is_read_whole_as_text_mode_reads_it(tmp_path):
     assert fs.read("/proc/1/stat") == expected and expected.startswith("a\nb\nc\n\ufffd") and len(expected) == 200_007
     assert fs.read_bytes("proc/1/stat") == data
     assert fs.read_or("/proc/2/stat", "gone") == "gone"
+
+
+def test_the_open_files_limit_is_raised_and_kept_descriptors_leave_select_room():
+    """In a process of its own started with systemd's soft limit of 1,024
+    open files: descriptors kept open stay where they are while the limit
+    leaves no room above ``FD_SETSIZE``; once raised to the hard limit they
+    go above it, so a descriptor opened after them (a pidfd the switcher
+    selects on) still takes a low number."""
+    import resource
+    import subprocess
+    import sys
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard <= FD_SETSIZE:
+        pytest.skip(f"the hard limit of open files here is {hard}: no room above FD_SETSIZE")
+    code = f"""
+import os, resource
+from cosched.hostfs import FD_SETSIZE, HostFS, raise_open_files_limit
+resource.setrlimit(resource.RLIMIT_NOFILE, ({FD_SETSIZE}, {hard}))
+fs = HostFS("/")
+before = fs.open_fd("/proc/self/stat")
+print(before, *raise_open_files_limit())
+kept = [fs.open_fd("/proc/self/stat") for _ in range(3)]
+f = fs.open_file("/proc/self/stat")
+f.read()
+print(*kept, f.fd, os.open("/proc/self/stat", os.O_RDONLY), resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    before, old, new = map(int, out[0].split())
+    *kept, other, limit = map(int, out[1].split())
+    assert before < FD_SETSIZE and (old, new, limit) == (FD_SETSIZE, hard, hard)
+    assert len(kept) == 4 and all(fd >= FD_SETSIZE for fd in kept), kept
+    assert other < FD_SETSIZE
 
 
 def test_host_topology_smt_and_numa(tmp_path):

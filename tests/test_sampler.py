@@ -234,6 +234,34 @@ def test_vanished_thread_requests_resync(fake, fs):
     assert [v.index for v in s.view()[UUID].vcpus] == [0]
 
 
+def test_vcpus_past_the_open_files_limit_go_unsampled_and_it_is_said_once(fake, fs, caplog, monkeypatch):
+    """A descriptor refused for want of room (EMFILE) leaves its vCPU
+    unsampled, tried again with each new snapshot, with one error in the
+    log until an open succeeds; the vCPUs it could open are sampled
+    meanwhile."""
+    import errno
+    current = [make_snapshot(fake, fs, {0: 101, 1: 102})]
+    real, full = fs.open_fd, [True]
+
+    def open_fd(path):
+        if full[0] and "/102/" in path:
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real(path)
+    monkeypatch.setattr(fs, "open_fd", open_fd)
+    s = Sampler(fs, 0.01, lambda: current[0])
+    with caplog.at_level("ERROR", logger="cosched.sampler"):
+        for i in range(3):
+            current[0] = make_snapshot(fake, fs, {0: 101, 1: 102})
+            s.step(now_ns=i * 10_000_000)
+    assert [v.index for v in s.view()[UUID].vcpus] == [0]
+    said = [r.getMessage() for r in caplog.records if "action=vcpu-unsampled" in r.getMessage()]
+    assert len(said) == 1 and "tid=102" in said[0] and "open files limit" in said[0], said
+    full[0] = False
+    current[0] = make_snapshot(fake, fs, {0: 101, 1: 102})
+    s.step(now_ns=30_000_000)
+    assert [v.index for v in s.view()[UUID].vcpus] == [0, 1] and not s.out_of_files
+
+
 def test_sampler_follows_snapshot_changes(fake, fs):
     snap = make_snapshot(fake, fs, {0: 101})
     current = [snap]

@@ -82,7 +82,7 @@ from cosched.actuators.rt_runtime import RtGrants
 from cosched.actuators.sched import SchedAttr, SchedKnob
 from cosched import logs
 from cosched.engine import protocol as pr
-from cosched.hostfs import HostFS
+from cosched.hostfs import FD_SETSIZE, OUT_OF_FILES, HostFS
 from cosched.kernel import on_cpu, parse_schedstat, stat_runnable_cpu
 from cosched.policy.plan import WATCHED
 from cosched.policy.watch import Bcs, Relaxed, Seen, on_cpu_unchanged
@@ -96,7 +96,6 @@ LONG_WAIT_NS = WATCH_POLL_NS  # a wait the meter reports long: as long as the sh
 BOOST_MARGIN_NS = 2_000_000
 MAX_SHARE = 0.5               # of a CPU, per boost (boost_share)
 FAIR_SERVER_SHARE = 0.05      # the deadline server that keeps CFS tasks running (Linux 6.12+: 50 ms per second per CPU)
-FD_SETSIZE = 1024             # select(2) takes descriptors below this (the loop's timer needs its microseconds)
 STILL_WAIT_S = 0.002         # a vCPU kept still for a return from a boost: it freezes in about 0.1 ms
 FREEZE_WAIT_S = 0.05         # a TCG vCPU freezes in about 0.1 ms; 64 spinning ones on 2 CPUs in under 4 ms
 ADMISSION_CHECK_NS = 1_000_000_000   # the deadline admission total is checked at most this often,
@@ -512,10 +511,12 @@ class Switcher:
                 for f in ("stat", "schedstat", "status"):
                     opened.append(self.fs.open_fd(f"/proc/{v.tid}/{f}"))
                 fds.append(tuple(opened))
-            except OSError:
+            except OSError as e:
                 for fd in opened:
                     os.close(fd)
                 fds.append(None)                       # gone: discovery will notice
+                if e.errno in OUT_OF_FILES:
+                    self._error(f"domain={m.name} vcpu={v.index}: {e.strerror}: the guest is not watched")
         log.info("domain=%s action=watch mode=%s", m.name, cell.mode)
         return Watched(cell.id, m, rules, fds, tuple(MemberState(m).keys()))
 

@@ -51,7 +51,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from cosched.hostfs import HostFS
+from cosched.hostfs import OUT_OF_FILES, HostFS
 from cosched.kernel import frozen_usec, on_cpu, parse_schedstat, stat_runnable_cpu
 from cosched.model import Host, Snapshot, Vcpu
 from cosched.histogram import Histogram
@@ -159,6 +159,7 @@ class Sampler:
         self._cost: float | None = None   # recent CPU seconds per pass
         self.rest = 0.0             # recent CPU of the daemon's other threads, fraction of one CPU
         self.opened = 0             # vCPU threads whose descriptors were opened (a pass that opens is no guide to cost)
+        self.out_of_files = False   # the last open failed for want of descriptors (logged once until one succeeds)
         self._logged = interval
         self.snapshot = snapshot
         self.on_vanished = on_vanished
@@ -175,8 +176,17 @@ class Sampler:
         tid = vcpu.tid
         try:
             fd = self.fs.open_fd(f"/proc/{pid}/task/{tid}/schedstat")
+        except OSError as e:                   # gone, mostly
+            if e.errno in OUT_OF_FILES and not self.out_of_files:
+                log.error("action=vcpu-unsampled tid=%d error=%r: vCPUs past the open files limit go unsampled",
+                          tid, str(e))
+            self.out_of_files = e.errno in OUT_OF_FILES
+            return None
+        self.out_of_files = False
+        try:
             run, wait = read_schedstat(fd)
-        except (FileNotFoundError, ProcessLookupError, OSError):
+        except (OSError, ValueError):          # exited since
+            os.close(fd)
             return None
         self.opened += 1
         try:

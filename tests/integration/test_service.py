@@ -155,6 +155,11 @@ def test_the_unit_under_a_real_systemd(box, guest_image):
     assert "guests observed" in props["StatusText"], props
     first_pid = props["MainPID"]
 
+    # systemd starts services with a soft limit of 1,024 open files: the daemon raises its own to the hard limit
+    limits = re.search(r"Max open files\s+(\d+)\s+(\d+)", cat(box, f"/proc/{first_pid}/limits"))
+    assert limits and limits.group(1) == limits.group(2) and int(limits.group(1)) > 1024, limits
+    assert "action=open-files-limit old=1024 " in sh(box, "journalctl -u cosched -o cat")
+
     # managed inside the sandbox: the gang rotates, vCPU cgroups in machine.slice
     s = wait("a gang of two rotating", lambda: rotating(box), 90)
     cgroups = vcpu_cgroups(box)
