@@ -40,7 +40,8 @@ def sittings(names: list[str]) -> None:
                 print(f"| {key} | incomplete |")
                 continue
             due, within, p50, boosts = re_.get(key, ("?",) * 4)
-            print(f"| {key[0]} x{key[1]} | {m['boost'][0] / m['cfs'][0]:.2f} | {m['boost'][0]:.0%} | "
+            ratio = f"{m['boost'][0] / m['cfs'][0]:.2f}" if m['cfs'][0] else "-"     # cfs may starve a barrier to 0
+            print(f"| {key[0]} x{key[1]} | {ratio} | {m['boost'][0]:.0%} | "
                   f"{m['boost'][1]:.1f} | {due} | {within} | {p50} | {boosts} |")
 
 
