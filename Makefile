@@ -86,7 +86,7 @@ soak: image services meter
 demo: image services meter
 	$(PY) -m testbed.demo
 
-# the full benchmark suite (about an hour and three quarters on 2 CPUs, longer on a busy host); results in benchmarks/results/, written after every run
+# the full benchmark suite (an hour and a half to an hour and three quarters on 2 CPUs, longer on a busy host); results in benchmarks/results/, written after every run
 bench: image services meter
 	$(PY) -m benchmarks.suite --guests 2,4 --reps 2 --seconds 5 --mixed 3,4 --phases 90 --steady 60
 

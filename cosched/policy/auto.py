@@ -61,8 +61,8 @@ for a CPU, gave as little as 0.52x the host scheduler
 An uncontended guest needs nothing either: ``none``. ``boost`` and
 ``relaxed`` are what ``auto`` picks where ``allow`` rules out both ``none``
 and co-scheduling, ``boost`` first: on busy guests it did more (``barrier``
-guests at two and four: 47% and 48% of the ideal under ``boost``, 29% and
-11% under ``relaxed``, 3% and 2% under the host scheduler, in the full run
+guests at two and four: 48% and 47% of the ideal under ``boost``, 34% and
+12% under ``relaxed``, 4% and 3% under the host scheduler, in the full run
 of ``benchmarks/latest``). Scores in 0..1, with ``c = min(contention / CONTENDED,
 1)`` and ``idle`` the larger of ``ramp(idleness, 0.45, 0.70)`` and
 ``ramp(spread, 0.30, 0.60)`` (ramp: 0 up to its first bound, 1 from its
