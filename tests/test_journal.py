@@ -346,6 +346,12 @@ def test_a_boosted_threads_files_stay_open_until_it_is_forgotten_or_gone():
         time.sleep(0.001)
     tid = tids[0]
 
+    def state():                            # the kernel's, None once the thread is gone
+        try:
+            return open(f"/proc/{os.getpid()}/task/{tid}/stat").read().rpartition(")")[2].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return None
+
     def open_files():
         found = []
         for fd in os.listdir("/proc/self/fd"):
@@ -356,8 +362,10 @@ def test_a_boosted_threads_files_stay_open_until_it_is_forgotten_or_gone():
         return sorted(f for f in found if f.startswith(f"/proc/{tid}/"))
 
     try:
+        while state() != "S":                           # until it sleeps in stop.wait()
+            time.sleep(0.001)
         knob.apply(tid, boost)
-        assert knob.fresh(tid) and knob.fresh(tid)      # asleep in stop.wait(): its sched is not read
+        assert knob.fresh(tid) and knob.fresh(tid)      # asleep: its sched is not read
         assert open_files() == [f"/proc/{tid}/stat"]
         knob.forget(tid)
         assert open_files() == []
@@ -365,6 +373,8 @@ def test_a_boosted_threads_files_stay_open_until_it_is_forgotten_or_gone():
     finally:
         stop.set()
         t.join()
+    while state() is not None:                          # join() returns before the kernel's thread has gone
+        time.sleep(0.001)
     assert knob.fresh(tid) and open_files() == []       # gone: closed at the first read
 
 
