@@ -333,9 +333,10 @@ class SchedKnob:
         """Thread ``tid``'s ``stat`` (``which`` 0) or ``sched`` (1), read
         through a descriptor kept open until :meth:`forget`: the switcher
         reads both around every deadline boost, and a ``pread`` of an open
-        file took half the time of opening it by path (2 and 4 us against
-        4 and 8 here). None once the thread is gone (the kernel answers
-        ESRCH through a descriptor of an exited thread, which is then closed)."""
+        file took half the time of opening it by path (1.5 and 2.7 us
+        against 3.2 and 4.4 here: ``benchmarks/evidence/sched-kept-files/``).
+        None once the thread is gone (the kernel answers ESRCH through a
+        descriptor of an exited thread, which is then closed)."""
         files = self._files.get(tid)
         if files is None:
             files = self._files[tid] = (self.fs.open_file(f"/proc/{tid}/stat"),
