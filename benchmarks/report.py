@@ -33,6 +33,11 @@ def _mean(values):
     return mean(values) if values else None
 
 
+def _max(values):
+    values = list(values)
+    return max(values) if values else None
+
+
 SCENARIOS = ("mixed", "phases", "steady")      # runs with their own tables, not normalised by one ideal
 
 
@@ -84,6 +89,8 @@ def aggregate(res: dict) -> dict:
             "episodes": _episodes([g["trace"]["episodes"] for g in gs if (g.get("trace") or {}).get("episodes")]),
             "truth_err_pp": _mean(errors),
             "truth_err_max_pp": max(errors) if errors else None,
+            "trace_off_pp": _max([100 * abs(g["trace"]["run"][t] - k) for g in gs if g.get("trace")
+                                  for t, k in g["trace"].get("run_kernel", {}).items() if t in g["trace"]["run"]]),
             "cpu_pct": _mean([r["daemon_cpu_pct"] for r in rs]),
             "switch_p50_ms": _mean([r.get("switch_latency_p50_ms") for r in rs]),
             "switch_p99_ms": _mean([r.get("switch_latency_p99_ms") for r in rs]),
@@ -195,7 +202,9 @@ def summary(res: dict, agg: dict | None = None) -> str:
                   "window skew (lag = waiting or frozen, as cosched counts it). Error: |cosched − trace| "
                   f"in percentage points, mean and worst over guests (target: within {TRUTH_TARGET_PP:g} "
                   "points). Reconstructed: the share of the threads' time whose state no event showed "
-                  "(implied by a later event, or read from /proc for a thread without events).", "",
+                  "(implied by a later event, or read from /proc for a thread without events). Trace off "
+                  "kernel: the worst thread's run time in the trace against the kernel's own account of it "
+                  "(schedstat at both ends), in points of the interval: a check on the trace itself.", "",
                   observed_by(res), ""]
         rows = []
         for (wl, n, m), a in sorted(agg.items(), key=lambda kv: (wls.index(kv[0][0]), kv[0][1], kv[0][2])):
@@ -203,15 +212,19 @@ def summary(res: dict, agg: dict | None = None) -> str:
                 continue
             rows.append([wl, str(n), m, _pct(a["hazard"], 1), _pct(a["trace_hazard"], 1),
                          _num(a["truth_err_pp"], "{:.1f}"), _num(a["truth_err_max_pp"], "{:.1f}"),
-                         _num(a["skew_ms"]), _num(a["trace_skew_ms"]), _pct(a["reconstructed"], 1)])
+                         _num(a["skew_ms"]), _num(a["trace_skew_ms"]), _pct(a["reconstructed"], 1),
+                         _num(a["trace_off_pp"], "{:.1f}")])
         lines += _table(["workload", "guests", "mode", "hazard (cosched)", "hazard (trace)", "error pp",
-                         "worst pp", "skew ms (cosched)", "skew ms (trace)", "reconstructed"], rows)
+                         "worst pp", "skew ms (cosched)", "skew ms (trace)", "reconstructed",
+                         "trace off kernel pp"], rows)
         errs = [a["truth_err_pp"] for a in agg.values() if a["truth_err_pp"] is not None]
         worst = [a["truth_err_max_pp"] for a in agg.values() if a["truth_err_max_pp"] is not None]
+        off = [a["trace_off_pp"] for a in agg.values() if a["trace_off_pp"] is not None]
         if errs:
             lines += ["", f"Over all {len(errs)} groups: mean error {mean(errs):.1f} points, worst single guest "
                           f"{max(worst):.1f} points. Lost trace events: "
-                          f"{sum(a['overruns'] for a in agg.values())}."]
+                          f"{sum(a['overruns'] for a in agg.values())}."
+                          + (f" Trace off the kernel's run time by at most {max(off):.1f} points." if off else "")]
         lines += reactions(agg, wls) + together(agg, wls, counts, modes)
     lines += spread(res) + targets(res, agg) + mixed(res) + phases(res) + steady(res)
     notes = sorted({n for a in agg.values() for n in a["notes"]})

@@ -123,8 +123,9 @@ SKEW_WINDOW = 0.010       # the daemon's default sampling interval (its period, 
 # -- reading the daemon ------------------------------------------------------
 def scrape(daemon: DaemonProcess) -> dict:
     """The figures this suite reads from ``/metrics``: per-domain hazard,
-    observed and skew (sum, count), and the switch and lateness histograms."""
-    out: dict = {"domains": {}, "hist": {}}
+    observed and skew (sum, count), per-vCPU run and wait (``vcpus``, keyed
+    ``(domain, vcpu)``), and the switch and lateness histograms."""
+    out: dict = {"domains": {}, "vcpus": {}, "hist": {}}
     for fam in text_string_to_metric_families(daemon.metrics()):
         for s in fam.samples:
             dom = s.labels.get("domain")
@@ -134,6 +135,8 @@ def scrape(daemon: DaemonProcess) -> dict:
                 out["domains"].setdefault(dom, {})["observed"] = s.value
             elif s.name in ("cosched_domain_skew_seconds_sum", "cosched_domain_skew_seconds_count"):
                 out["domains"].setdefault(dom, {})[s.name.rsplit("_", 1)[1]] = s.value
+            elif s.name in ("cosched_vcpu_run_seconds_total", "cosched_vcpu_wait_seconds_total"):
+                out["vcpus"].setdefault((dom, s.labels["vcpu"]), {})[s.name.split("_")[2]] = s.value
             elif s.name in ("cosched_switch_latency_seconds_bucket", "cosched_slot_lateness_seconds_bucket"):
                 out["hist"].setdefault(s.name, []).append((float(s.labels["le"]), s.value))
     return out
@@ -299,10 +302,11 @@ def daemon_now(daemon: DaemonProcess, gs: list[guests.Guest], signals: bool = Fa
 # -- one measurement -----------------------------------------------------------
 def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: float, truth: bool) -> dict:
     """Measure ``gs`` for ``seconds`` under ``mode`` (already applied)."""
-    tids, pids = {}, {}
+    tids, pids, indexes = {}, {}, {}
     for d in daemon.status()["domains"]:
         if d["name"] in {g.name for g in gs}:
             tids[d["name"]] = {v["tid"] for v in d["vcpus"]}
+            indexes[d["name"]] = {str(v["index"]): v["tid"] for v in d["vcpus"]}
             pids.update({v["tid"]: d["pid"] for v in d["vcpus"]})
     tracing = truth and mode != "batch"
     turns: dict[str, float] = {}     # batch: each guest's turn, in its own time (batch_turn)
@@ -343,9 +347,13 @@ def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: f
             w["skew_mean_ms"] = 1000 * (d1.get("sum", 0) - d0.get("sum", 0)) / n_skew if n_skew > 0 else None
             width = observed / n_skew if observed > 0 and n_skew > 0 else SKEW_WINDOW
             w["window_ms"] = 1000 * width        # cosched's mean sampling period (it stretches on a busy host)
+            w["vcpus"] = {tid: {k: (s1["vcpus"][g.name, i][k] - s0["vcpus"].get((g.name, i), {}).get(k, 0.0)) / (t1 - t0)
+                                for k in s1["vcpus"][g.name, i]}
+                          for i, tid in sorted(indexes.get(g.name, {}).items()) if (g.name, i) in s1["vcpus"]}
             if tracer:       # skew over windows as long as cosched's were
                 w["trace"] = truth_figures(tracer.events, tids[g.name], t0, t1, silent_states(p0, p1, t1 - t0), width,
                                            tracer.calls)
+                w["trace"]["run_kernel"] = kernel_run(p0, p1, tids[g.name], t1 - t0)
             per_guest[g.name] = w
     lat = [(s0["hist"].get(k, []), s1["hist"].get(k, [])) for k in
            ("cosched_switch_latency_seconds_bucket", "cosched_slot_lateness_seconds_bucket")]
@@ -354,6 +362,7 @@ def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: f
         "valid": all(w["valid"] for w in per_guest.values()),
         "seconds": span,
         "wall_seconds": t1 - t0,
+        "interval": [t0, t1],           # CLOCK_MONOTONIC, the clock of the trace's lines
         "switch_latency_p50_ms": _ms(quantile(0.5, *lat[0])),
         "switch_latency_p99_ms": _ms(quantile(0.99, *lat[0])),
         "slot_lateness_p99_ms": _ms(quantile(0.99, *lat[1])),
@@ -408,6 +417,15 @@ def proc_states(pids: dict[int, int]) -> dict[int, tuple[bool, int]]:
         except (OSError, IndexError, ValueError):
             pass                        # the thread is gone
     return out
+
+
+def kernel_run(before: dict, after: dict, tids: set[int], span: float) -> dict[int, float]:
+    """Each thread's run time over the span as the kernel bills it (the
+    first field of ``schedstat``, from :func:`proc_states` at both ends), as
+    a share of the span: a check on the trace's own ``run``, which a lost or
+    hidden switch would make wrong."""
+    return {tid: (after[tid][1] - before[tid][1]) / 1e9 / span
+            for tid in sorted(tids) if tid in before and tid in after and span > 0}
 
 
 def v2_cgroup(pid: int, tid: int) -> str | None:

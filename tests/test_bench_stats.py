@@ -182,6 +182,18 @@ def test_invalid_runs_are_counted_never_averaged():
     assert invalid_runs(res) == {("barrier", 2, "cfs"): 1, ("barrier", 2, "gang"): 1}
 
 
+def test_the_truth_table_checks_the_trace_against_the_kernels_own_run_time():
+    from benchmarks.report import aggregate
+    g = lambda run, kernel: {"rate": 1.0, "iters": 10, "missed": 0, "hist": {}, "hazard": 0.5, "skew_mean_ms": None,
+                             "trace": {"hazard": 0.5, "skew_mean_ms": None, "run": run, "run_kernel": kernel,
+                                       "episodes": None}}
+    run = {"workload": "spinlock", "guests": 2, "mode": "cfs", "valid": True, "ideal": 1.0, "daemon_cpu_pct": 1.0,
+           "per_guest": {"a": g({"1": 0.34, "2": 0.2}, {"1": 0.30, "2": 0.2}), "b": g({"3": 0.5}, {"3": 0.51})}}
+    old = {**run, "per_guest": {"a": g({"1": 0.34}, {})}}          # a run recorded before the kernel's was kept
+    assert aggregate({"runs": [run]})[("spinlock", 2, "cfs")]["trace_off_pp"] == pytest.approx(4.0)
+    assert aggregate({"runs": [old]})[("spinlock", 2, "cfs")]["trace_off_pp"] is None
+
+
 def test_the_target_table_says_what_a_chooser_knowing_the_answer_would_get():
     """auto's target (0.95x the best static mode of each repetition) against
     the static mode closest to the best on average: where the best changes

@@ -36,6 +36,7 @@ def test_harness_writes_results_summary_and_plots(libvirtd, guest_image, tmp_pat
         assert set(g["held_s"]) <= {"none", "boost", "relaxed", "gang", "partial"}, g
     for r in sweep:
         assert len(r["per_guest"]) == r["guests"]
+        assert r["interval"][1] - r["interval"][0] == pytest.approx(r["wall_seconds"]), r["interval"]
         # every run is measured over its whole interval: from live counters outside batch
         assert r["valid"], (r["mode"], r["per_guest"])
         progressed = [g["iters"] > 0 and g["rate"] > 0 and sum(g["hist"].values()) > 0 for g in r["per_guest"].values()]
@@ -52,6 +53,11 @@ def test_harness_writes_results_summary_and_plots(libvirtd, guest_image, tmp_pat
             if r["mode"] != "batch":
                 assert 0 <= g["trace"]["hazard"] <= 1 and (g["trace"]["events"] > 0 or not ran)
                 assert 0 <= g["trace"]["reconstructed"] <= 1
+                # the kernel's own run time per thread beside the trace's, and cosched's run and wait
+                assert set(g["trace"]["run_kernel"]) == set(g["trace"]["run"]) == set(g["vcpus"]) and g["vcpus"], g
+                assert all(0 <= v <= 1.05 for v in g["trace"]["run_kernel"].values()), g["trace"]["run_kernel"]
+                assert all(set(v) == {"run", "wait"} and 0 <= v["run"] + v["wait"] <= 1.05
+                           for v in g["vcpus"].values()), g["vcpus"]
                 frozen = sum(g["trace"]["frozen"].values())
                 # the trace sees gang's freezes in the kernel's own events, and none elsewhere
                 assert frozen > 0.1 if r["mode"] == "gang" else frozen == 0, (r["mode"], g["trace"]["frozen"])
@@ -66,6 +72,7 @@ def test_harness_writes_results_summary_and_plots(libvirtd, guest_image, tmp_pat
                     "Daemon overhead", "Metric truth"):
         assert heading in summary
     assert "| barrier | 2 |" in summary
+    assert "trace off kernel pp" in summary and "Trace off the kernel's run time by at most" in summary
     table = summary[summary.index("## Steady guests under auto"):]
     assert "| barrier | 2 | " in table and table.count("| barrier |") == 1
     for png in ("throughput", "iteration_cdf", "fairness", "hazard", "overhead", "truth"):
