@@ -41,7 +41,7 @@ _LINE = re.compile(r"^\s*(.*?)-(\d+)\s+\[(\d+)\]\s+\S+\s+(\d+\.\d+): "
 _SWITCH = re.compile(r"prev_pid=(\d+) prev_prio=-?\d+ prev_state=(\S+) ==> next_comm=(.*) next_pid=(\d+) next_prio=")
 _WAKEUP = re.compile(r"(?:^|\s)pid=(\d+) prio=-?\d+(?: target_cpu=(\d+))?")
 _PRIOS = re.compile(r"(?:^|\s)(?:prev_|next_)?pid=(\d+) (?:prev_|next_)?prio=(-?\d+)")
-_RUNTIME = re.compile(r"(?:^|\s)pid=(\d+) runtime=")
+_RUNTIME = re.compile(r"(?:^|\s)pid=(\d+) runtime=(\d+)")
 _CGROUP = re.compile(r"^root=0 id=\d+ level=\d+ path=(\S+)")      # root 0: the v2 hierarchy
 _CALL = re.compile(r"^\s*(.*?)-(\d+)\s+\[\d+\]\s+\S+\s+(\d+\.\d+): sys_sched_setattr(?:\(pid: (0x[0-9a-f]+)| -> (0x[0-9a-f]+))")
 SCHED_EVENTS = ("sched_switch", "sched_wakeup", "sched_stat_runtime")
@@ -105,14 +105,20 @@ def parse(text: str, tids: set[int], cgroups: dict[int, str] | None = None) -> l
     (preempted) leaves it runnable; any other state (sleeping, halted,
     frozen) leaves it blocked.
 
-    Some kernels do not emit ``sched_switch`` when a CPU leaves its idle task
-    (seen on the development host: 8 switch-ins against 227 switch-outs of a
-    thread that sleeps 5 ms at a time). Every line names the task current on
-    its CPU, though, so a thread seen current without a switch-in was
-    switched in from idle; it is given the earliest time that can have
+    Some switches never reach the trace: on this host, most of those from a
+    CPU's idle task (8 switch-ins against 227 switch-outs of a thread that
+    sleeps 5 ms at a time), and now and then one from a busy task (a vCPU
+    waiting 0.6 s was switched in by a host task with no ``sched_switch``,
+    while the kernel billed it, and cosched counted it, as waiting:
+    ``benchmarks/evidence/trace-run-check/``). Every line names the task
+    current on its CPU, though, so a thread seen current without a
+    switch-in was switched in unseen. When that line is the thread's own
+    ``sched_stat_runtime``, its ``runtime`` is the time since it was
+    switched in (the scheduler's ``exec_start``), so it went in then. When
+    it is any other line, it is given the earliest time that can have
     happened: when the CPU went idle or the thread became runnable (or, with
-    its wake-up unseen, left its CPU), whichever is later. An idle CPU picks a runnable thread at once, so the
-    error is the idle exit latency.
+    its wake-up unseen, left its CPU), whichever is later. An idle CPU picks
+    a runnable thread at once, so the error is the idle exit latency.
 
     A thread woken on its own CPU by that CPU's idle task (the line's
     current task) waits for no other task, only for the CPU to leave idle:
@@ -164,7 +170,9 @@ def parse(text: str, tids: set[int], cgroups: dict[int, str] | None = None) -> l
         if curr.get(cpu) != pid:
             if pid in tids and pid not in running:
                 since = off.get(pid, t)
-                switch_in(min(max(idle_since.get(cpu, since), since), t), pid)
+                r = _RUNTIME.search(rest) if kind == "sched_stat_runtime" else None
+                begin = t - int(r.group(2)) / 1e9 if r and int(r.group(1)) == pid else idle_since.get(cpu, since)
+                switch_in(min(max(begin, since), t), pid)
             curr[cpu] = pid
         if kind == "sched_switch":
             s = _SWITCH.search(rest)

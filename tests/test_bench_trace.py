@@ -35,6 +35,23 @@ def test_a_switch_in_from_idle_the_kernel_dropped_is_recovered():
     assert [e.t for e in ev if e.tid == 12 and e.kind == "in"] == [100.0, 100.007]
 
 
+BUSY_HIDDEN = """\
+       CPU 1/TCG-12      [000] d..2.     2.000000: sched_switch: prev_comm=CPU 1/TCG prev_pid=12 prev_prio=120 prev_state=R ==> next_comm=tokio-rt-worker next_pid=75 next_prio=110
+       CPU 1/TCG-12      [000] d.h1.     2.600000: sched_stat_runtime: comm=CPU 1/TCG pid=12 runtime=2000000 [ns]
+       CPU 1/TCG-12      [000] d..2.     2.600010: sched_switch: prev_comm=CPU 1/TCG prev_pid=12 prev_prio=120 prev_state=R ==> next_comm=kworker/0:1 next_pid=5 next_prio=120
+"""
+
+
+def test_a_hidden_switch_in_from_a_busy_task_starts_where_the_threads_first_tick_says():
+    # 12 waits from 2.0; the switch from the host task back to it never reached
+    # the trace; its first tick, at 2.6, bills 2 ms since it went in: in at 2.598
+    ev = parse(BUSY_HIDDEN, {12})
+    assert [(pytest.approx(e.t), e.kind) for e in ev] == [(2.0, "in"), (2.0, "out-runnable"), (2.598, "in"),
+                                                         (2.6, "tick"), (2.60001, "out-runnable")]
+    f = trace_figures(timelines(ev, {12: RUNNING}, 2.0, 2.61))
+    assert abs(f["run"][12] - 0.00201) < 1e-9 and abs(f["wait"][12] - 0.60799) < 1e-9, f
+
+
 IDLE_WAKE = """\
           <idle>-0       [000] dNh2.     1.000000: sched_wakeup: comm=CPU 0/TCG pid=11 prio=120 target_cpu=000
           <idle>-0       [000] d..2.     1.000013: sched_switch: prev_comm=swapper/0 prev_pid=0 prev_prio=120 prev_state=R ==> next_comm=CPU 0/TCG next_pid=11 next_prio=120
