@@ -204,7 +204,9 @@ def summary(res: dict, agg: dict | None = None) -> str:
                   "points). Reconstructed: the share of the threads' time whose state no event showed "
                   "(implied by a later event, or read from /proc for a thread without events). Trace off "
                   "kernel: the worst thread's run time in the trace against the kernel's own account of it "
-                  "(schedstat at both ends), in points of the interval: a check on the trace itself.", "",
+                  "(schedstat at both ends), in points of the interval: a check on the trace itself (on the "
+                  "development host a point or two where vCPUs run much or wake often; several points is a "
+                  "misplaced switch).", "",
                   observed_by(res), ""]
         rows = []
         for (wl, n, m), a in sorted(agg.items(), key=lambda kv: (wls.index(kv[0][0]), kv[0][1], kv[0][2])):
