@@ -88,7 +88,7 @@ def aggregate(res: dict) -> dict:
             "independent": _mean([prod(g["trace"]["run"].values()) for g in gs if g.get("trace")]),
             "episodes": _episodes([g["trace"]["episodes"] for g in gs if (g.get("trace") or {}).get("episodes")]),
             "truth_err_pp": _mean(errors),
-            "truth_err_max_pp": max(errors) if errors else None,
+            "truth_err_max_pp": _max(errors),
             "trace_off_pp": _max([100 * abs(g["trace"]["run"][t] - k) for g in gs if g.get("trace")
                                   for t, k in g["trace"].get("run_kernel", {}).items() if t in g["trace"]["run"]]),
             "cpu_pct": _mean([r["daemon_cpu_pct"] for r in rs]),

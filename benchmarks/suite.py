@@ -302,12 +302,12 @@ def daemon_now(daemon: DaemonProcess, gs: list[guests.Guest], signals: bool = Fa
 # -- one measurement -----------------------------------------------------------
 def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: float, truth: bool) -> dict:
     """Measure ``gs`` for ``seconds`` under ``mode`` (already applied)."""
-    tids, pids, indexes = {}, {}, {}
+    indexes, pids = {}, {}              # per guest, each vCPU's thread by its index (as /metrics labels it)
     for d in daemon.status()["domains"]:
         if d["name"] in {g.name for g in gs}:
-            tids[d["name"]] = {v["tid"] for v in d["vcpus"]}
             indexes[d["name"]] = {str(v["index"]): v["tid"] for v in d["vcpus"]}
             pids.update({v["tid"]: d["pid"] for v in d["vcpus"]})
+    tids = {name: set(ix.values()) for name, ix in indexes.items()}
     tracing = truth and mode != "batch"
     turns: dict[str, float] = {}     # batch: each guest's turn, in its own time (batch_turn)
     cgroups = {tid: v2_cgroup(pid, tid) for tid, pid in pids.items()} if tracing else {}

@@ -165,13 +165,14 @@ def parse(text: str, tids: set[int], cgroups: dict[int, str] | None = None) -> l
                 out.extend(Event(t, tid, "freeze" if frozen(tid) else "thaw")
                            for tid in sorted(cgroups) if tid in tids and frozen(tid) != was[tid])
             continue
+        r = _RUNTIME.search(rest) if kind == "sched_stat_runtime" else None
+        ran = int(r.group(2)) / 1e9 if r and int(r.group(1)) == pid else None   # a tick of the line's own task
         if pid != 0 and cpu in woken:          # a switch from idle, hidden
             first_task(t, cpu, pid)
         if curr.get(cpu) != pid:
             if pid in tids and pid not in running:
                 since = off.get(pid, t)
-                r = _RUNTIME.search(rest) if kind == "sched_stat_runtime" else None
-                begin = t - int(r.group(2)) / 1e9 if r and int(r.group(1)) == pid else idle_since.get(cpu, since)
+                begin = t - ran if ran is not None else idle_since.get(cpu, since)
                 switch_in(min(max(begin, since), t), pid)
             curr[cpu] = pid
         if kind == "sched_switch":
@@ -192,8 +193,7 @@ def parse(text: str, tids: set[int], cgroups: dict[int, str] | None = None) -> l
             if nxt == 0:
                 idle_since[cpu] = t
         elif kind == "sched_stat_runtime":
-            r = _RUNTIME.search(rest)
-            if r and int(r.group(1)) == pid and pid in tids:
+            if ran is not None and pid in tids:
                 out.append(Event(t, pid, "tick"))
         else:
             w = _WAKEUP.search(rest)
