@@ -494,8 +494,8 @@ def mixed(res: dict) -> list[str]:
              "(the others paused, same repetition), mean over repetitions; `sum` adds the relative "
              "figures. Targets: auto's sum ≥ 1.15× the best single static policy's, and no guest under "
              "0.8× what its own best static policy gives it.", ""]
-    for n in sorted({r["guests"] for r in runs}):
-        rs = [r for r in runs if r["guests"] == n and r.get("valid", True)]
+    for unit in sorted({r["unit"] for r in runs}, key=lambda u: (len(u), u)):
+        rs = [r for r in runs if r["unit"] == unit and r.get("valid", True)]
         names = list(rs[0]["guest_workloads"]) if rs else []
         modes = list(dict.fromkeys(r["mode"] for r in rs))
         rel: dict[str, dict[str, list[float]]] = {m: {g: [] for g in names} for m in modes}
@@ -510,8 +510,8 @@ def mixed(res: dict) -> list[str]:
             per = [_mean(rel[m][g]) for g in names]
             sums[m] = sum(v for v in per if v is not None)
             rows.append([m] + [_num(v) for v in per] + [_num(sums[m])])
-        lines += [f"{n} guests:", ""] + _table(head, rows) + [""]
-        static = [m for m in modes if m not in ("auto",)]
+        lines += [f"{unit} ({len(names)} guests):", ""] + _table(head, rows) + [""]
+        static = [m for m in modes if not m.startswith("auto")]
         if "auto" in sums and static:
             top = max(static, key=lambda m: sums[m])
             worst = min((_mean(rel["auto"][g]) or 0) / max(_mean(rel[m][g]) or 0 for m in static)

@@ -113,7 +113,10 @@ MODES = ("batch", "cfs", "gang", "partial", "boost", "relaxed", "auto")
 STATIC = ("cfs", "gang", "partial", "boost", "relaxed")   # what auto is judged against
 PHASE_MODES = ("cfs", "gang", "boost", "auto")
 AUTO_SETTLE = 8.0         # seconds for auto to measure and choose before a run
-MIXED = {3: ("blocking", "barrier", "pingpong"), 4: ("blocking", "barrier", "pingpong", "lu")}
+# mixed hosts, by name: a guest that mostly sleeps beside synchronising guests (x3, x4), and a
+# busy guest that gains nothing from co-scheduling (one busy thread in two vCPUs) beside them
+MIXED = {"x3": ("blocking", "barrier", "pingpong"), "x4": ("blocking", "barrier", "pingpong", "lu"),
+         "busy-x3": ("ep threads=1", "barrier", "spinlock"), "busy-x4": ("ep threads=1", "barrier", "spinlock", "lu")}
 PHASE_MS = 20000
 REPORT_MS = 100           # guests print a result line this often
 MIN_COVERAGE = 0.9        # a run is valid when each guest's lines span 90% of its interval
@@ -278,7 +281,8 @@ def apply_mode(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, settle:
 
 
 def daemon_now(daemon: DaemonProcess, gs: list[guests.Guest], signals: bool = False) -> dict:
-    """What the daemon says now, in one status read: each guest's ``modes``,
+    """What the daemon says now, in one status read: each guest's ``modes``
+    (``none+slot``: left to the host scheduler in a slot of its own),
     the switcher's ``boosts`` so far (``made`` for these guests, and the long
     waits it held back, by why: :data:`~cosched.policy.watch.HELD`), and its
     ``observation`` source. The boost counts come with the switcher's stats,
@@ -290,7 +294,9 @@ def daemon_now(daemon: DaemonProcess, gs: list[guests.Guest], signals: bool = Fa
     doms = {d["name"]: d for d in status.get("domains", [])}
     made = sum(v.get("boosts", 0) for g in gs for v in (doms.get(g.name) or {}).get("vcpus", []))
     held = status.get("daemon", {}).get("engine", {}).get("long_waits_held", {})
-    out = {"modes": {g.name: (doms.get(g.name) or {}).get("mode") for g in gs},
+    def mode(d: dict) -> str | None:               # a hosted guest: none, in a slot of its own
+        return f"{d.get('mode')}+slot" if d.get("hosted") else d.get("mode")
+    out = {"modes": {g.name: mode(doms.get(g.name) or {}) for g in gs},
            "boosts": {"made": made, **{why: held.get(why, 0) for why in HELD}},
            "observation": status.get("daemon", {}).get("observation")}
     if signals:
@@ -612,7 +618,7 @@ def in_turn(modes: list[str], rep: int) -> list[str]:
 def units(args) -> dict[str, int]:
     """Every unit of the suite ``args`` asks for, and how many runs it takes."""
     out = {f"{wl} x{n}": args.reps * (1 + len(args.modes)) for wl in args.workloads for n in args.guests}
-    out.update({f"mixed x{n}": args.reps * len([m for m in args.modes if m != "batch"]) for n in args.mixed})
+    out.update({f"mixed {row}": args.reps * len([m for m in args.modes if m != "batch"]) for row in args.mixed})
     out.update({steady_unit(wl, n): 1 for wl in args.workloads for n in args.guests if args.steady})
     return {**out, **({"phases": len(PHASE_MODES)} if args.phases else {})}
 
@@ -624,10 +630,11 @@ def steady_unit(workload: str, n: int) -> str:
 def run_mixed(args, daemon, img, progress, runs) -> None:
     """Guests of different workloads on one host: each alone (the others
     paused), then all together under cfs, each static policy and auto."""
-    for n in args.mixed:
-        if f"mixed x{n}" in runs.units():
+    for row in args.mixed:
+        if f"mixed {row}" in runs.units():
             continue
-        wls = MIXED[n]
+        wls = MIXED[row]
+        n = len(wls)
         gs = boot_set(list(wls), args.vcpus, img)
         daemon.wait(lambda: all(daemon.domain(g.name) for g in gs), 10, "guests observed")
         for rep in range(args.reps):
@@ -646,11 +653,11 @@ def run_mixed(args, daemon, img, progress, runs) -> None:
                     r = measure(daemon, gs, mode, args.seconds, False)
                     if r["valid"]:
                         break
-                r.update(workload="mixed", unit=f"mixed x{n}", guests=n, mode=mode, rep=rep, ideal=None, notes=notes,
+                r.update(workload="mixed", unit=f"mixed {row}", guests=n, mode=mode, rep=rep, ideal=None, notes=notes,
                          attempts=attempt + 1, alone=alone, guest_workloads={g.name: w for g, w in zip(gs, wls)})
                 runs.append(r)
                 rel = [r["per_guest"][g.name]["rate"] / alone[g.name] for g in gs if alone[g.name]]
-                progress.step(f"mixed x{n} {mode} rep {rep + 1}: " + (
+                progress.step(f"mixed {row} {mode} rep {rep + 1}: " + (
                     f"sum of relative throughputs {sum(rel):.2f}" if r["valid"] else "INVALID"))
         guests.destroy_all(PREFIX)
 
@@ -836,9 +843,11 @@ def _cpu_model() -> str:
     return platform.machine()
 
 
-def _list(choices):
+def _list(choices, digits: str = ""):
+    """A comma-separated list of ``choices``; with ``digits``, a bare number
+    stands for that prefix and the number (``3`` for ``x3``)."""
     def parse(text: str) -> list[str]:
-        items = [s for s in text.split(",") if s]
+        items = [digits + s if digits and s.isdigit() else s for s in text.split(",") if s]
         bad = [s for s in items if choices and s not in choices]
         if bad:
             raise argparse.ArgumentTypeError(f"unknown: {', '.join(bad)} (choose from {', '.join(choices)})")
@@ -874,8 +883,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--retries", type=int, default=2, help="measure an invalid run again, up to this many times")
     ap.add_argument("--no-truth", dest="truth", action="store_false",
                     help="skip the kernel-trace comparison of cosched's hazard and skew")
-    ap.add_argument("--mixed", type=lambda s: [int(x) for x in s.split(",") if x], default=[],
-                    help="mixed hosts to run, by guest count (" +
+    ap.add_argument("--mixed", type=_list(MIXED, digits="x"), default=[],
+                    help="mixed hosts to run, by name; a guest count names the sleeper rows (" +
                          ", ".join(f"{k}: {'+'.join(v)}" for k, v in MIXED.items()) + ")")
     ap.add_argument("--phases", type=float, default=0.0, metavar="SECONDS",
                     help=f"run two guests alternating barrier and blocking ({PHASE_MS // 1000} s each) "

@@ -186,6 +186,19 @@ def render_explain(e: dict) -> str:
     if e.get("scores"):
         lines.append("  scores: " + "  ".join(f"{m} {s:.2f}{' *' if m == e['mode'] else ''}"
                                               for m, s in sorted(e["scores"].items(), key=lambda kv: -kv[1])))
+    if e.get("hosted"):
+        lines.append("  left to the host scheduler but busy: it runs in a slot of its own beside the gang guests, "
+                     "frozen in theirs, so that it does not take their CPUs")
+    host = e.get("host")
+    if host:
+        lines.append("host:")
+        for c in host["cells"]:
+            slots = ", ".join(f"{s['domain']} ({s['mode']}{', hosted' if s['hosted'] else ''}, {s['slot_ms']:g} ms)"
+                              for s in c["slots"])
+            lines.append(f"  cell {c['cell']} ({c['kind']}, CPUs {','.join(map(str, c['cpus'])) or 'any'}, "
+                         f"cycle {c['cycle_ms']:g} ms): {slots}" + (f"; {c['note']}" if c.get("note") else ""))
+        if host.get("free"):
+            lines.append(f"  free under the host scheduler: {', '.join(host['free'])}")
     return "\n".join(lines)
 
 

@@ -173,10 +173,16 @@ class Daemon:
         """Plan ``snap`` with each auto guest under its mode in force; log every change of it."""
         with self.auto_lock:
             cfg = self.engine.plan_config(snap)
+            hosted = set(self.auto.hosted)
             effective, changes = self.auto.settle(snap, lambda s: plan(s, cfg))
             for name, old, new, why in changes:
                 log.info("domain=%s action=mode old=%s new=%s reason=%r", name, old, new, why)
-            self.engine.reconcile(effective)
+            now = self.engine.reconcile(effective)
+            for d in snap.domains:
+                if (d.uuid in hosted) != (d.uuid in self.auto.hosted):
+                    slot = "own" if now.cell_of(d.uuid) else "free"
+                    log.info("domain=%s action=%s slot=%s", d.name,
+                             "hosted" if d.uuid in self.auto.hosted else "unhosted", slot)
 
     def modes(self) -> dict[str, str]:
         """The mode in force per guest, from the plan the engine runs (so that
@@ -200,10 +206,14 @@ class Daemon:
         if d.policy is None or d.policy.kind != "auto":
             return {"error": f"domain {name} is not under auto (policy {d.policy.preset if d.policy else 'invalid'})"}
         got = self.auto.explain(d.uuid)
+        host = {"cells": self.engine.plan.composition(),
+                "free": sorted(x.name for x in self.snapshot.domains if x.uuid in self.auto.in_force
+                               and self.engine.plan.cell_of(x.uuid) is None)}
         if got is None:
             return {"domain": name, "mode": "none", "chosen": "none", "refused": {}, "reason": "no evidence yet",
-                    "scores": {}, "signals": {}, "last_window": None, "allow": list(dict(d.policy.params)["allow"])}
-        return {"domain": name, "allow": list(dict(d.policy.params)["allow"]), **got}
+                    "scores": {}, "signals": {}, "last_window": None, "allow": list(dict(d.policy.params)["allow"]),
+                    "hosted": False, "host": host}
+        return {"domain": name, "allow": list(dict(d.policy.params)["allow"]), **got, "host": host}
 
     # -- health ---------------------------------------------------------
     def summary(self) -> str:

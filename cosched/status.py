@@ -114,6 +114,7 @@ def document(snap: Snapshot | None, views: Mapping, plan: Plan, stats, live: Map
             "managed": cell is not None,
             "mode": modes.get(d.uuid),
             "cell": cell.id if cell else None,
+            "hosted": cell is not None and plan.member(d.uuid).hosted,
             "warnings": list(d.warnings),
             "vcpus": [{
                 "index": vc.index,

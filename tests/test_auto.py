@@ -304,3 +304,56 @@ def test_with_every_cpu_reserved_a_busy_guest_is_left_to_the_host():
     eff, changes = auto.settle(snap, lambda s: plan(s, PlanConfig(reserved_cpus=(0, 1))))
     assert auto.mode("u0") == "none" and changes == []
     assert sorted(auto.explain("u0")["refused"]) == ["boost", "gang", "partial", "relaxed"]
+
+
+def mixed_host(*kinds: str, seconds: int = 12) -> tuple[Snapshot, Auto]:
+    """Guests under auto on a 2-CPU host, fed per vCPU (run, wait) each second
+    by kind: ``barrier`` (never idle, waits as long as it runs), ``lopsided``
+    (vCPU 0 busy, vCPU 1 with nothing to do) or ``sleeper`` (idles 80%)."""
+    per_second = {"barrier": [(0.5, 0.5), (0.5, 0.5)], "lopsided": [(0.5, 0.5), (0.0, 0.0)],
+                  "sleeper": [(0.15, 0.1), (0.15, 0.1)]}
+    host = Host(cpus=(0, 1), core_of={0: (0, 0), 1: (0, 1)}, node_of={0: 0, 1: 0}, cgroup="hybrid",
+                cgroup2_mount="/sys/fs/cgroup/unified")
+    spec = PolicySpec("auto", "auto", resolve("auto", {}, {}), "annotation")
+    domains = tuple(Domain(kind, f"u-{kind}", 100 + k, tuple(Vcpu(i, 1000 * k + i, f"/m/{kind}/vcpu{i}", start_time=1)
+                                                             for i in range(2)), spec) for k, kind in enumerate(kinds))
+    snap, auto = Snapshot(host, domains), Auto()
+    for t in range(seconds):
+        views = {d.uuid: DomainView(d.uuid, d.name, tuple(VcpuView(i, 1000 * k + i, r * t, w * t)
+                                                          for i, (r, w) in enumerate(per_second[d.name])),
+                                    hazard=0.0, partial=0.0, observed=float(t), skew_buckets=(), skew_sum=0.0,
+                                    skew_count=0, last_skew=0.0) for k, d in enumerate(domains)}
+        auto.step(float(t), snap, views, {}, pool_cpus=2)
+    return snap, auto
+
+
+def test_a_busy_guest_left_to_the_host_is_hosted_beside_a_gang_and_a_sleeper_runs_free():
+    snap, auto = mixed_host("barrier", "lopsided", "sleeper")
+    planner = lambda s: plan(s, PlanConfig())             # noqa: E731
+    eff, _ = auto.settle(snap, planner)
+    assert [auto.mode(d.uuid) for d in snap.domains] == ["gang", "none", "none"]
+    assert auto.hosted == {"u-lopsided"}
+    p = planner(eff)
+    assert [(s["domain"], s["mode"], s["hosted"]) for s in p.composition()[0]["slots"]] == [
+        ("barrier", "gang", False), ("lopsided", "none", True)]
+    assert p.cell_of("u-sleeper") is None and p.rejected == {}
+    assert auto.explain("u-lopsided")["hosted"] and not auto.explain("u-sleeper")["hosted"]
+
+
+def test_without_a_gang_a_busy_guest_left_to_the_host_runs_free():
+    snap, auto = mixed_host("lopsided", "sleeper")
+    eff, changes = auto.settle(snap, lambda s: plan(s, PlanConfig()))
+    assert auto.hosted == set() and changes == []
+    assert [d.policy.kind for d in eff.domains] == ["none", "none"]
+
+
+def test_explain_shows_the_host_composition():
+    from cosched.cli import render_explain
+    snap, auto = mixed_host("barrier", "lopsided", "sleeper")
+    eff, _ = auto.settle(snap, lambda s: plan(s, PlanConfig()))
+    p = plan(eff, PlanConfig())
+    text = render_explain({"domain": "lopsided", "allow": list(ALL), **auto.explain("u-lopsided"),
+                           "host": {"cells": p.composition(), "free": ["sleeper"]}})
+    assert "runs in a slot of its own beside the gang guests" in text
+    assert "cell gang (gang, CPUs 0,1, cycle 100 ms): barrier (gang, 50 ms), lopsided (none, hosted, 50 ms)" in text
+    assert "free under the host scheduler: sleeper" in text

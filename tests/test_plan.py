@@ -4,7 +4,7 @@ from hypothesis import strategies as st
 
 from cosched.model import Domain, Host, PolicySpec, Snapshot, Vcpu
 from cosched.policy.params import resolve
-from cosched.policy.plan import FREEZE, PlanConfig, plan, pool_order
+from cosched.policy.plan import FREEZE, HOSTED, PlanConfig, plan, pool_order
 
 
 def host(cpus=2, smt=1, nodes=1, rt=False):
@@ -239,3 +239,26 @@ def test_plan_invariants(cpus, smt, guests, max_stall, reserved):
     if relaxed:                                                  # balance: CPUs evenly loaded
         load = [relaxed.count(cpu) for cpu in range(reserved, cpus)]
         assert max(load) - min(load) <= 1 and not set(relaxed) & set(cfg.reserved_cpus)
+
+
+def hosted(name, vcpus=2):
+    """An auto guest left to the host scheduler but busy, as auto hands it to the planner."""
+    d = dom(name, vcpus=vcpus)
+    return d.__class__(**{**d.__dict__, "policy": PolicySpec("auto", HOSTED, resolve("gang", {}, {}), "annotation")})
+
+
+def test_a_busy_guest_left_to_the_host_gets_a_slot_of_its_own_beside_the_gang():
+    p = plan(snap(host(2), dom("a"), hosted("busy")), PlanConfig())
+    (cell,) = p.cells
+    assert cell.mode == FREEZE and [m.name for m in cell.members] == ["a", "busy"]     # it rotates: not lone
+    busy = cell.members[1]
+    assert busy.hosted and busy.priority == 0 and all(v.cpu == -1 and v.freeze for v in busy.vcpus)
+    assert p.mode_of("uuid-busy") == "none" and p.mode_of("uuid-a") == "gang"
+    assert {u for u, _ in p.pins()} == {"uuid-a"}                    # the host scheduler places it in its slot
+    assert [s["hosted"] for s in p.composition()[0]["slots"]] == [False, True]
+
+
+def test_a_hosted_guest_without_a_gang_to_protect_or_room_runs_free_and_is_not_rejected():
+    assert plan(snap(host(2), hosted("busy")), PlanConfig()) == plan(snap(host(2)), PlanConfig())
+    p = plan(snap(host(2), dom("a"), dom("b"), hosted("busy")), PlanConfig(max_stall_ms=60))
+    assert [m.name for m in p.cells[0].members] == ["a", "b"] and p.rejected == {}

@@ -77,6 +77,15 @@ so gang wins below ``idle`` = 1/2 (idleness under about 58%, spread under
 0.45) and none above; boost and relaxed win only where ``allow`` rules out
 both, since one of none and gang always scores at least 0.5.
 
+A guest under ``none`` still shares the host's CPUs with the rest. Where a
+gang cell rotates, a busy ``none`` guest (contended, and idling less than
+:data:`HOSTED_IDLENESS`: not one that mostly sleeps) would run its vCPUs on
+the CPUs a gang slot needs, and the gang's vCPUs would no longer run
+together: so it is *hosted*, given a slot of its own in the rotation and
+frozen in the others' (:mod:`cosched.policy.plan`). A guest that mostly
+sleeps runs free: a slot would hold its wake-ups back for the length of the
+others' slots. ``cosched explain`` shows this composition of the host.
+
 Hysteresis: a guest leaves its mode only for one that scores at least
 :data:`MARGIN` higher, on the smoothed signals and on the latest window
 alike, in :data:`CONFIRM` decisions in a row, and never sooner than
@@ -91,6 +100,7 @@ from dataclasses import dataclass, field, replace
 from math import exp
 
 from cosched.policy.params import resolve
+from cosched.policy.plan import HOSTED
 
 DECIDE_S = 1.0
 TAU_S = 1.0
@@ -99,6 +109,7 @@ MARGIN = 0.15
 CONFIRM = 2
 IDLENESS = (0.45, 0.70)     # ramps from "idles like a hand-off" to "mostly sleeps"
 SPREAD = (0.30, 0.60)
+HOSTED_IDLENESS = IDLENESS[1]     # a none guest idling less than this gets a slot of its own beside a gang
 LADDER = ("none", "boost", "relaxed", "gang", "partial")
 
 
@@ -195,6 +206,13 @@ class Chooser:
         """The best-scoring allowed mode outside ``refused``; ``none`` if no other is left."""
         return _best(self.guests[uuid].scores if uuid in self.guests else {}, allow, refused)
 
+    def busy(self, uuid: str) -> bool:
+        """Whether the guest competes for the host's CPUs and does not mostly
+        sleep (smoothed signals): under ``none`` it would take a gang slot's CPUs."""
+        ch = self.guests.get(uuid)
+        return (ch is not None and ch.contention is not None and ch.contention >= CONTENDED
+                and ch.idleness < HOSTED_IDLENESS)
+
     def forget(self, keep: set[str]) -> None:
         for uuid in [u for u in self.guests if u not in keep]:
             del self.guests[uuid]
@@ -289,6 +307,7 @@ class Auto:
         # per guest: (seconds observed, hazard, {vCPU: (run, wait, costop)}), cumulative
         self._totals: dict[str, tuple[float, float, dict[int, tuple[float, float, float]]]] = {}
         self.in_force: dict[str, str] = {}
+        self.hosted: set[str] = set()                      # none guests given a slot beside a gang
         self.refused: dict[str, dict[str, str]] = {}      # per guest: chosen modes the planner refused, why
         self._why: dict[str, str] = {}                     # the chooser's reasons not yet logged
 
@@ -332,7 +351,8 @@ class Auto:
         got = self.chooser.explain(uuid)
         if got is None:
             return None
-        return {**got, "mode": self.mode(uuid), "chosen": got["mode"], "refused": dict(self.refused.get(uuid, {}))}
+        return {**got, "mode": self.mode(uuid), "chosen": got["mode"], "refused": dict(self.refused.get(uuid, {})),
+                "hosted": uuid in self.hosted}
 
     def settle(self, snap, planner: Callable):
         """``snap`` with each auto guest under its mode in force, and the
@@ -340,13 +360,16 @@ class Auto:
 
         ``planner`` maps a snapshot to a plan (its ``rejected``: uuid to
         reason); a guest it rejects under a chosen mode drops to the best
-        remaining allowed mode, and the planner is asked again."""
+        remaining allowed mode, and the planner is asked again. A busy guest
+        left to ``none`` is hosted (the module doc): the planner gives it a
+        slot of its own where a gang cell rotates."""
         if snap is None:
             return snap, []
         auto = _auto_guests(snap)
         chosen = {d.uuid: self.chooser.mode(d.uuid) for d in auto}
         modes, refused = dict(chosen), {d.uuid: {} for d in auto}
-        eff = _under(snap, modes)
+        hosted = {d.uuid for d in auto if dict(d.policy.params)["slot"] and self.chooser.busy(d.uuid)}
+        eff = _under(snap, modes, hosted)
         for _ in LADDER:                        # each round refuses one more mode to each guest it drops
             rejected = planner(eff).rejected
             dropped = [d for d in auto if modes[d.uuid] != "none" and d.uuid in rejected]
@@ -355,7 +378,7 @@ class Auto:
             for d in dropped:
                 refused[d.uuid][modes[d.uuid]] = rejected[d.uuid]
                 modes[d.uuid] = self.chooser.next_best(d.uuid, dict(d.policy.params)["allow"], refused[d.uuid])
-            eff = _under(snap, modes)
+            eff = _under(snap, modes, hosted)
         changes = []
         for d in auto:
             old, new, why = self.mode(d.uuid), modes[d.uuid], self._why.pop(d.uuid, None)
@@ -367,6 +390,10 @@ class Auto:
             elif why is None:
                 why = f"the planner can take {new} again"
             changes.append((d.name, old, new, why))
+        final = planner(eff)
+        self.hosted = {u for u in hosted if modes[u] == "none" and final.cell_of(u) is not None}
+        if self.hosted != hosted:                # no gang cell to join, or no room in it: free
+            eff = _under(snap, modes, self.hosted)
         self.in_force = modes
         self.refused = {u: r for u, r in refused.items() if r}
         return eff, changes
@@ -376,9 +403,14 @@ def _auto_guests(snap) -> list:
     return [d for d in snap.domains if d.policy is not None and d.policy.kind == "auto"] if snap else []
 
 
-def _under(snap, modes: dict[str, str]):
-    """``snap`` with each auto guest's policy replaced by its mode in ``modes``."""
-    domains = tuple(replace(d, policy=replace(d.policy, kind=modes[d.uuid], params=resolve(modes[d.uuid], {}, {})))
-                    if d.uuid in modes and d.policy is not None and d.policy.kind == "auto" else d
-                    for d in snap.domains)
+def _under(snap, modes: dict[str, str], hosted: set[str] = frozenset()):
+    """``snap`` with each auto guest's policy replaced by its mode in ``modes``;
+    a guest in ``hosted`` under ``none`` is planned as :data:`~cosched.policy.plan.HOSTED`."""
+    def spec(d):
+        mode = modes[d.uuid]
+        if mode == "none" and d.uuid in hosted:
+            return replace(d.policy, kind=HOSTED, params=resolve("gang", {}, {}))
+        return replace(d.policy, kind=mode, params=resolve(mode, {}, {}))
+    domains = tuple(replace(d, policy=spec(d)) if d.uuid in modes and d.policy is not None and d.policy.kind == "auto"
+                    else d for d in snap.domains)
     return replace(snap, domains=domains)

@@ -43,7 +43,10 @@ Kinds and their parameters:
     (see :mod:`cosched.policy.auto`), each with its default parameters.
     ``allow`` (default all of ``none,boost,relaxed,gang,partial``) bounds
     the choice; ``dwell-s`` (1-3600, default 5) is the least time between
-    two changes of one guest's mode.
+    two changes of one guest's mode. ``slot`` (bool, default true): when
+    ``auto`` leaves the guest to the host scheduler while it is busy and
+    gang guests rotate, it runs in a slot of its own beside them, frozen
+    in theirs; false: it is never frozen, at the gang guests' cost.
 """
 from __future__ import annotations
 
@@ -113,6 +116,7 @@ LAGGARD = Param("boost", bool, True, doc="boost the waiting laggard while a sibl
 MODES = ("none", "boost", "relaxed", "gang", "partial")
 ALLOW = Param("allow", tuple, MODES, doc="the modes auto may choose", choices=MODES)
 DWELL = Param("dwell-s", int, 5, 1, 3600, "least time between two mode changes of a guest")
+SLOT = Param("slot", bool, True, doc="left to the host scheduler while busy: a slot of its own beside gang guests")
 
 KINDS: dict[str, tuple[Param, ...]] = {
     "none": (),
@@ -120,7 +124,7 @@ KINDS: dict[str, tuple[Param, ...]] = {
     "partial": (QUANTUM, BOOST, PRIORITY, WEIGHT),
     "boost": (BOOST_MS, PAUSE_MS, WINDOW, PRIORITY, WEIGHT),
     "relaxed": (COSTOP, COSTART, LAGGARD, BOOST_MS, PAUSE_MS),
-    "auto": (ALLOW, DWELL),
+    "auto": (ALLOW, DWELL, SLOT),
 }
 
 

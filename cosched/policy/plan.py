@@ -16,6 +16,16 @@ cores before SMT siblings.
     decreasing by size; a new cell while free pool CPUs remain, else the
     least-loaded existing cell that fits). Guests in different cells run at
     the same time; only guests sharing a cell take turns.
+``hosted`` (an ``auto`` guest left to the host scheduler)
+    A busy guest that ``auto`` leaves to the host scheduler would run its
+    vCPUs on the CPUs a gang slot needs, so the gang's vCPUs would no longer
+    run together (``docs/decisions/0001-protected-slots.md``). Where a gang
+    cell rotates, each such guest gets a slot of its own in it (``weight x
+    quantum-ms`` of the ``gang`` defaults) and is frozen in the others' slots:
+    within its slot the host scheduler places its vCPUs, which are not
+    pinned. Its mode stays ``none``. Without a gang cell, or where its slot
+    would stall the cell past ``max_stall_ms``, it runs free (not frozen), and
+    is not rejected.
 ``boost`` and ``relaxed``
     No cells to share and no turns: each guest is *watched* on its own (a
     cell of one member, mode ``boost`` or ``relaxed``) by the switcher's
@@ -62,6 +72,7 @@ from cosched.model import Domain, Host, Snapshot
 from cosched.policy.params import COSTART, COSTOP
 
 FREEZE, BOOST, RELAXED = "freeze", "boost", "relaxed"
+HOSTED = "hosted"                        # an auto guest left to the host scheduler, in a slot of its own
 WATCHED = (BOOST, RELAXED)
 
 
@@ -96,6 +107,7 @@ class Member:
     pause_ms: int = 0                    # watched guests: least time between two boosts of a vCPU
     costop_ms: int = 0                   # relaxed: co-stop / co-start thresholds
     costart_ms: int = 0
+    hosted: bool = False                 # the host scheduler runs it within its slot: not pinned, mode none
 
 
 @dataclass(frozen=True)
@@ -128,15 +140,31 @@ class Plan:
     def cell_of(self, uuid: str) -> Cell | None:
         return next((c for c in self.cells if any(m.uuid == uuid for m in c.members)), None)
 
+    def member(self, uuid: str) -> Member | None:
+        return next((m for c in self.cells for m in c.members if m.uuid == uuid), None)
+
     def mode_of(self, uuid: str) -> str | None:
-        """The mode in force for a managed guest (None: not managed)."""
+        """The mode in force for a managed guest (None: not managed); ``none``
+        for a hosted guest, which the host scheduler runs within its slot."""
         cell = self.cell_of(uuid)
-        return cell.kind if cell else None
+        if cell is None:
+            return None
+        return "none" if self.member(uuid).hosted else cell.kind
+
+    def composition(self) -> list[dict]:
+        """The host's co-scheduling at a glance (``cosched explain``): per
+        cell, its kind, CPUs and its slots in turn, each with the guest, its
+        mode, length and whether the host scheduler places it (hosted)."""
+        return [{"cell": c.id, "kind": c.kind, "cpus": list(c.cpus), "cycle_ms": c.cycle_ms, "note": c.note,
+                 "slots": [{"domain": m.name, "mode": "none" if m.hosted else c.kind, "slot_ms": m.slot_ms,
+                            "hosted": m.hosted} for m in c.members]}
+                for c in self.cells]
 
     def pins(self) -> dict[tuple[str, int], int]:
-        """(domain uuid, vCPU index) -> host CPU, for guests in freeze cells and under relaxed."""
+        """(domain uuid, vCPU index) -> host CPU, for guests in freeze cells
+        and under relaxed; hosted guests are not pinned."""
         return {(m.uuid, v.index): v.cpu for c in self.cells if c.mode in (FREEZE, RELAXED)
-                for m in c.members for v in m.vcpus}
+                for m in c.members if not m.hosted for v in m.vcpus}
 
 
 def pool_order(host: Host, reserved: tuple[int, ...]) -> list[int]:
@@ -153,6 +181,10 @@ def _slot_ms(d: Domain) -> int:
 
 
 def _member(d: Domain, host: Host, cpus: tuple[int, ...], boost: bool, cfg: PlanConfig) -> Member:
+    if d.policy.kind == HOSTED:
+        vcpus = tuple(PlannedVcpu(index=v.index, tid=v.tid, start_time=v.start_time, cpu=-1, freeze=host.freeze_file(v))
+                      for v in d.vcpus)
+        return Member(d.uuid, d.name, _slot_ms(d), 0, vcpus, hosted=True)
     p = dict(d.policy.params)
     priority = min(p.get("priority", 1), cfg.switcher_priority - 1) if boost else 0
     vcpus = tuple(
@@ -181,7 +213,9 @@ def _unfit(d: Domain, host: Host, pool: list[int]) -> str | None:
     return None
 
 
-def _gang(domains: list[Domain], host: Host, pool: list[int], cfg: PlanConfig, rejected: dict) -> list[Cell]:
+def _gang(domains: list[Domain], hosted: list[Domain], host: Host, pool: list[int], cfg: PlanConfig,
+          rejected: dict) -> list[Cell]:
+    """The gang cell: its guests, then the hosted guests that fit (the rest run free)."""
     admitted: list[Domain] = []
     for d in sorted(domains, key=lambda d: d.name):
         reason = _unfit(d, host, pool)
@@ -196,6 +230,10 @@ def _gang(domains: list[Domain], host: Host, pool: list[int], cfg: PlanConfig, r
         admitted.append(d)
     if not admitted:
         return []
+    for d in sorted(hosted, key=lambda d: d.name):
+        if (all(host.freeze_file(v) for v in d.vcpus) and
+                _stall_after([_slot_ms(a) for a in admitted], _slot_ms(d)) <= cfg.max_stall_ms):
+            admitted.append(d)
     boost = len(admitted) > 1
     members = tuple(_member(d, host, tuple(pool), boost and dict(d.policy.params)["boost"], cfg) for d in admitted)
     return [Cell("gang", FREEZE, tuple(pool), members, kind="gang")]
@@ -318,13 +356,13 @@ def plan(snapshot: Snapshot, cfg: PlanConfig) -> Plan:
     """The plan for every managed guest in ``snapshot``."""
     host = snapshot.host
     pool = pool_order(host, cfg.reserved_cpus)
-    by_kind: dict[str, list[Domain]] = {"gang": [], "partial": [], BOOST: [], RELAXED: []}
+    by_kind: dict[str, list[Domain]] = {"gang": [], "partial": [], BOOST: [], RELAXED: [], HOSTED: []}
     for d in snapshot.domains:
         # a guest without vCPU threads is starting or stopping: nothing to plan yet
         if d.policy is not None and d.error is None and d.policy.kind in by_kind and d.vcpus:
             by_kind[d.policy.kind].append(d)
     rejected: dict[str, str] = {}
-    cells = (_gang(by_kind["gang"], host, pool, cfg, rejected)
+    cells = (_gang(by_kind["gang"], by_kind[HOSTED], host, pool, cfg, rejected)
              + _packed("partial", by_kind["partial"], host, pool, cfg, rejected))
     watched = _watched(by_kind[BOOST] + by_kind[RELAXED], host, pool, rejected)
     return Plan(tuple(_lone_relaxed(_rt_budgets(cells + watched, cfg))), rejected, max_boosted=len(pool))
