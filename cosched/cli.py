@@ -177,7 +177,12 @@ def render_explain(e: dict) -> str:
         lines.append(f"  evidence (smoothed): contention {sig['contention']:.2f} (waiting or co-stopped share of "
                      f"wanted vCPU time), idleness {sig['idleness']:.2f} (idle share of vCPU time neither waiting nor co-stopped), "
                      f"spread {sig.get('spread') or 0.0:.2f} (most idle vCPU's idleness less the busiest's), "
-                     f"hazard {sig['hazard_per_second']:.2f} s/s")
+                     f"hazard {sig['hazard_per_second']:.2f} s/s, busy {sig.get('busy') or 0.0:.2f} vCPUs' worth")
+    if sig.get("spins_per_run_second") is not None:
+        lines.append(f"  KVM (smoothed): {sig['spins_per_run_second']:.0f} directed-yield attempts per second of vCPU run "
+                     "time (a vCPU spinning with PAUSE makes thousands)")
+    elif sig.get("contention") is not None:
+        lines.append("  KVM: no spin counters for this guest (TCG, or neither libvirt nor debugfs reports them)")
     w = e.get("last_window")
     if w:
         lines.append(f"  last window: {w['seconds']:.2f} s x {w['vcpus']} vCPUs: run {w['run']:.2f} s, wait "

@@ -59,7 +59,7 @@ STALL_SECONDS = 10.0      # no sample for this long: unhealthy, the watchdog is 
 class Daemon:
     def __init__(self, config: Config, *, fs: HostFS, source, engine, sampler, latest: Latest,
                  wake: threading.Event, dry_run: bool = False, config_path: str | None = None,
-                 overrides: dict | None = None, notifier: Notifier | None = None):
+                 overrides: dict | None = None, notifier: Notifier | None = None, kvm=None):
         self.config = config
         self.config_path = config_path
         self.overrides = dict(overrides or {})
@@ -76,6 +76,7 @@ class Daemon:
         self.source = source
         self.engine = engine
         self.sampler = sampler
+        self.kvm = kvm                         # KVM's spin and halt counters (KvmStats), or None
         self.control = ControlServer(config.socket_path, self.request)
         self.started = time.time()
         self._http = None
@@ -165,8 +166,10 @@ class Daemon:
         if snap is None:
             return
         pool = len(pool_order(snap.host, self.engine.reserved_cpus))
+        under_auto = any(d.policy is not None and d.policy.kind == "auto" for d in snap.domains)
+        kvm = self.kvm.read(snap) if self.kvm is not None and under_auto else {}
         with self.auto_lock:
-            if self.auto.step(time.monotonic(), snap, self.sampler.view(), self.engine.costop(), pool):
+            if self.auto.step(time.monotonic(), snap, self.sampler.view(), self.engine.costop(), pool, kvm):
                 self._reconcile(snap)
 
     def _reconcile(self, snap: Snapshot) -> None:

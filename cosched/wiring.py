@@ -21,6 +21,7 @@ from cosched.discovery.processes import ProcessSource
 from cosched.engine import Engine
 from cosched.hostfs import HostFS, raise_open_files_limit
 from cosched.sampler import Sampler
+from cosched.sampler.kvm import KvmStats
 from cosched.sampler.meter import Meter, MeterUnavailable
 
 log = logging.getLogger("cosched.wiring")
@@ -62,5 +63,6 @@ def build_daemon(config: Config, *, dry_run: bool = False, config_path: str | No
     sampler = Sampler(fs, config.sample_interval_ms / 1000.0, latest.get, wake.set, costop=engine.costop,
                       budget=config.sample_budget_pct / 100.0, meter=meter)
     sampler.meter_error = None if meter is not None else why
+    kvm = KvmStats(fs, libvirt.vcpu_stats if libvirt else None)
     return Daemon(config, fs=fs, source=source, engine=engine, sampler=sampler, latest=latest, wake=wake,
-                  dry_run=dry_run, config_path=config_path, overrides=overrides)
+                  dry_run=dry_run, config_path=config_path, overrides=overrides, kvm=kvm)

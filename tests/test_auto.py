@@ -332,10 +332,11 @@ def test_a_busy_guest_left_to_the_host_is_hosted_beside_a_gang_and_a_sleeper_run
     planner = lambda s: plan(s, PlanConfig())             # noqa: E731
     eff, _ = auto.settle(snap, planner)
     assert [auto.mode(d.uuid) for d in snap.domains] == ["gang", "none", "none"]
-    assert auto.hosted == {"u-lopsided"}
+    assert auto.hosted == {"u-lopsided": 2}           # one busy vCPU: twice a gang slot, as much CPU time
     p = planner(eff)
     assert [(s["domain"], s["mode"], s["hosted"]) for s in p.composition()[0]["slots"]] == [
         ("barrier", "gang", False), ("lopsided", "none", True)]
+    assert [s["slot_ms"] for s in p.composition()[0]["slots"]] == [50, 100]
     assert p.cell_of("u-sleeper") is None and p.rejected == {}
     assert auto.explain("u-lopsided")["hosted"] and not auto.explain("u-sleeper")["hosted"]
 
@@ -343,7 +344,7 @@ def test_a_busy_guest_left_to_the_host_is_hosted_beside_a_gang_and_a_sleeper_run
 def test_without_a_gang_a_busy_guest_left_to_the_host_runs_free():
     snap, auto = mixed_host("lopsided", "sleeper")
     eff, changes = auto.settle(snap, lambda s: plan(s, PlanConfig()))
-    assert auto.hosted == set() and changes == []
+    assert auto.hosted == {} and changes == []
     assert [d.policy.kind for d in eff.domains] == ["none", "none"]
 
 
@@ -355,5 +356,5 @@ def test_explain_shows_the_host_composition():
     text = render_explain({"domain": "lopsided", "allow": list(ALL), **auto.explain("u-lopsided"),
                            "host": {"cells": p.composition(), "free": ["sleeper"]}})
     assert "runs in a slot of its own beside the gang guests" in text
-    assert "cell gang (gang, CPUs 0,1, cycle 100 ms): barrier (gang, 50 ms), lopsided (none, hosted, 50 ms)" in text
+    assert "cell gang (gang, CPUs 0,1, cycle 150 ms): barrier (gang, 50 ms), lopsided (none, hosted, 100 ms)" in text
     assert "free under the host scheduler: sleeper" in text

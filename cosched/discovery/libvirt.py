@@ -152,6 +152,17 @@ class LibvirtSource:
                 return None
         return facts
 
+    def vcpu_stats(self) -> dict[str, dict]:
+        """libvirt's vCPU statistics of every running domain, by uuid
+        (``virConnectGetAllDomainStats``, ``VIR_DOMAIN_STATS_VCPU``): the
+        hypervisor's own per-vCPU counters among them, where it keeps any
+        (:mod:`cosched.sampler.kvm`). Empty while disconnected."""
+        conn = self.live_conn
+        if conn is None:
+            return {}
+        got = conn.getAllDomainStats(libvirt.VIR_DOMAIN_STATS_VCPU, libvirt.VIR_CONNECT_GET_ALL_DOMAINS_STATS_ACTIVE)
+        return {dom.UUIDString(): dict(records) for dom, records in got}
+
     def close(self) -> None:
         if self.conn is not None:
             try:

@@ -77,6 +77,19 @@ so gang wins below ``idle`` = 1/2 (idleness under about 58%, spread under
 0.45) and none above; boost and relaxed win only where ``allow`` rules out
 both, since one of none and gang always scores at least 0.5.
 
+On a KVM host, KVM counts what the host scheduler cannot see
+(:mod:`cosched.sampler.kvm`): a vCPU that spins with PAUSE in its loop
+leaves the guest and tries a directed yield to a sibling. With those
+counters, contention counts only as far as the guest *waits*: the larger
+of ``ramp(spins, 20, 200)`` (directed-yield attempts per second of vCPU run
+time; a spinning vCPU makes thousands) and ``ramp(idleness, 0.10, 0.25)``
+(siblings that hand work to each other halt while they wait). A busy guest
+that neither spins nor halts computes: co-scheduling gains it nothing, and
+it gets ``none``. These bounds follow from how pause-loop exiting works;
+they are not measured on the development hosts, which have no KVM. Without
+the counters (TCG, or no debugfs and no libvirt statistics) the signals
+above decide alone.
+
 A guest under ``none`` still shares the host's CPUs with the rest. Where a
 gang cell rotates, a busy ``none`` guest (contended, and idling less than
 :data:`HOSTED_IDLENESS`: not one that mostly sleeps) would run its vCPUs on
@@ -109,6 +122,8 @@ MARGIN = 0.15
 CONFIRM = 2
 IDLENESS = (0.45, 0.70)     # ramps from "idles like a hand-off" to "mostly sleeps"
 SPREAD = (0.30, 0.60)
+SPINNING = (20.0, 200.0)  # KVM: directed-yield attempts per second of vCPU run time, "a little" to "spins"
+HALTING = (0.10, 0.25)    # KVM: idleness that says the vCPUs wait for each other by halting (a hand-off)
 HOSTED_IDLENESS = IDLENESS[1]     # a none guest idling less than this gets a slot of its own beside a gang
 LADDER = ("none", "boost", "relaxed", "gang", "partial")
 
@@ -125,13 +140,17 @@ class Evidence:
     costop: float = 0.0
     hazard: float = 0.0
     spread: float = 0.0     # most idle vCPU's idleness less the busiest's
+    busy: float | None = None   # vCPUs' worth of work: the sum of each vCPU's 1 - idleness
+    spins: float | None = None  # KVM's directed-yield attempts per second of vCPU run time (None: no KVM counters)
+    halts: float | None = None  # KVM's halt exits per second of vCPU run time
 
     @staticmethod
     def of_vcpus(seconds: float, vcpus: list[tuple[float, float, float]], hazard: float = 0.0) -> "Evidence":
         """A window from each vCPU's (run, wait, costop) in it."""
         each = [Evidence(seconds, 1, *v).idleness for v in vcpus]
         return Evidence(seconds, len(vcpus), sum(v[0] for v in vcpus), sum(v[1] for v in vcpus),
-                        sum(v[2] for v in vcpus), hazard, max(each) - min(each) if each else 0.0)
+                        sum(v[2] for v in vcpus), hazard, max(each) - min(each) if each else 0.0,
+                        sum(1.0 - i for i in each))
 
     @property
     def idle(self) -> float:
@@ -156,10 +175,16 @@ def _ramp(x: float, lo: float, hi: float) -> float:
     return min(max((x - lo) / (hi - lo), 0.0), 1.0)
 
 
-def scores(contention: float, idleness: float, coschedule: str = "gang", spread: float = 0.0) -> dict[str, float]:
+def scores(contention: float, idleness: float, coschedule: str = "gang", spread: float = 0.0,
+           spins: float | None = None) -> dict[str, float]:
     """Each mode's score for these (smoothed) signals; ``coschedule`` names
-    the strict mode that fits the host (gang or partial), the other gets 0.9 of it."""
+    the strict mode that fits the host (gang or partial), the other gets 0.9
+    of it. With KVM's counters (``spins``), a guest that neither spins nor
+    idles computes, and co-scheduling gains it nothing: ``c`` is scaled by
+    ``waits`` (the module doc)."""
     c = min(contention / CONTENDED, 1.0)
+    if spins is not None:
+        c *= max(_ramp(spins, *SPINNING), _ramp(idleness, *HALTING))
     idle = max(_ramp(idleness, *IDLENESS), _ramp(spread, *SPREAD))
     out = {"none": 1.0 - c * (1.0 - idle), "boost": BOOST * c, "relaxed": BOOST * c * RELAXED_OF_BOOST,
            "gang": c * (1.0 - idle), "partial": c * (1.0 - idle)}
@@ -184,6 +209,8 @@ class Choice:
     idleness: float | None = None
     hazard: float | None = None
     spread: float | None = None
+    busy: float | None = None
+    spins: float | None = None
     pending: str | None = None            # a better mode, and for how many decisions
     pending_n: int = 0
     scores: dict[str, float] = field(default_factory=dict)
@@ -213,6 +240,15 @@ class Chooser:
         return (ch is not None and ch.contention is not None and ch.contention >= CONTENDED
                 and ch.idleness < HOSTED_IDLENESS)
 
+    def slot_weight(self, uuid: str, pool_cpus: int) -> int:
+        """A hosted guest's slot, in gang quanta: long enough that its busy
+        vCPUs get as much CPU time per cycle as a gang guest filling the pool
+        (the host scheduler's share per guest), since in its slot it can use
+        only the CPUs it keeps busy."""
+        ch = self.guests.get(uuid)
+        busy = ch.busy if ch is not None and ch.busy else 1.0
+        return max(1, min(round(pool_cpus / max(busy, 1.0)), 100))
+
     def forget(self, keep: set[str]) -> None:
         for uuid in [u for u in self.guests if u not in keep]:
             del self.guests[uuid]
@@ -225,16 +261,18 @@ class Chooser:
             return ch.mode, None
         a = 1.0 - exp(-ev.seconds / TAU_S)
         for name, value in (("contention", ev.contention), ("idleness", ev.idleness),
-                            ("hazard", ev.hazard / ev.seconds), ("spread", ev.spread)):
+                            ("hazard", ev.hazard / ev.seconds), ("spread", ev.spread),
+                            ("busy", ev.vcpus * (1.0 - ev.idleness) if ev.busy is None else ev.busy)):
             old = getattr(ch, name)
             setattr(ch, name, value if old is None else old + a * (value - old))
+        ch.spins = None if ev.spins is None else ev.spins if ch.spins is None else ch.spins + a * (ev.spins - ch.spins)
         ch.last = ev
-        ch.scores = scores(ch.contention, ch.idleness, coschedule, ch.spread)
+        ch.scores = scores(ch.contention, ch.idleness, coschedule, ch.spread, ch.spins)
         best = _best(ch.scores, allow)
         if ch.mode not in ([m for m in LADDER if m in allow] or ["none"]):     # the bounds changed: obey at once
             return self._change(ch, best, now, f"{ch.mode} is no longer allowed")
         gain = ch.scores[best] - ch.scores[ch.mode]
-        raw = scores(ev.contention, ev.idleness, coschedule, ev.spread)
+        raw = scores(ev.contention, ev.idleness, coschedule, ev.spread, ev.spins)
         if best != ch.mode and best != _best(raw, allow):
             # on the way between two rungs the smoothed signals pass the ones
             # between: move only where the latest window points as well
@@ -274,11 +312,13 @@ class Chooser:
             "since": ch.since,
             "reason": ch.reason,
             "pending": ch.pending,
-            "signals": {"contention": ch.contention, "idleness": ch.idleness, "spread": ch.spread,
+            "signals": {"contention": ch.contention, "idleness": ch.idleness, "spread": ch.spread, "busy": ch.busy,
+                        "spins_per_run_second": ch.spins,
                         "hazard_per_second": ch.hazard},
             "last_window": None if last is None else {
                 "seconds": last.seconds, "vcpus": last.vcpus, "run": last.run, "wait": last.wait,
-                "costop": last.costop, "idle": last.idle, "spread": last.spread, "hazard": last.hazard},
+                "costop": last.costop, "idle": last.idle, "spread": last.spread, "hazard": last.hazard,
+                "spins": last.spins, "halts": last.halts},
             "scores": dict(ch.scores),
         }
 
@@ -304,16 +344,21 @@ class Auto:
 
     def __init__(self):
         self.chooser = Chooser()
-        # per guest: (seconds observed, hazard, {vCPU: (run, wait, costop)}), cumulative
-        self._totals: dict[str, tuple[float, float, dict[int, tuple[float, float, float]]]] = {}
+        # per guest: (seconds observed, hazard, {vCPU: (run, wait, costop)}, KVM's (spins, halts) or None), cumulative
+        self._totals: dict[str, tuple] = {}
         self.in_force: dict[str, str] = {}
-        self.hosted: set[str] = set()                      # none guests given a slot beside a gang
+        self.hosted: dict[str, int] = {}                   # none guests given a slot beside a gang: its weight
+        self._pool = 1                                     # CPUs in the co-scheduling pool, as of the last step
         self.refused: dict[str, dict[str, str]] = {}      # per guest: chosen modes the planner refused, why
         self._why: dict[str, str] = {}                     # the chooser's reasons not yet logged
 
-    def step(self, now: float, snap, views, costop, pool_cpus: int) -> list[tuple[str, str, str, str]]:
-        """One decision for every auto guest; the choices that changed as (name, old, new, why)."""
+    def step(self, now: float, snap, views, costop, pool_cpus: int, kvm=None) -> list[tuple[str, str, str, str]]:
+        """One decision for every auto guest; the choices that changed as
+        (name, old, new, why). ``kvm``: KVM's cumulative counts by uuid
+        (:class:`~cosched.sampler.kvm.KvmCounts`), for the guests that have them."""
+        kvm = kvm or {}
         changes = []
+        self._pool = pool_cpus
         auto = _auto_guests(snap)
         keep = {d.uuid for d in auto}
         self.chooser.forget(keep)
@@ -323,18 +368,24 @@ class Auto:
             v = views.get(d.uuid)
             if v is None or not v.vcpus:
                 continue
+            k = kvm.get(d.uuid)
             totals = (v.observed, v.hazard,
-                      {x.index: (x.run, x.wait + x.waiting, costop.get((d.uuid, x.index), 0.0)) for x in v.vcpus})
+                      {x.index: (x.run, x.wait + x.waiting, costop.get((d.uuid, x.index), 0.0)) for x in v.vcpus},
+                      (k.spins, k.halts) if k is not None else None)
             before, self._totals[d.uuid] = self._totals.get(d.uuid), totals
             if before is None:
                 continue
             seconds, hazard = max(totals[0] - before[0], 0.0), max(totals[1] - before[1], 0.0)
             window = [tuple(max(a - b, 0.0) for a, b in zip(now_, before[2][i]))
                       for i, now_ in totals[2].items() if i in before[2]]     # a vCPU plugged meanwhile waits
+            ev = Evidence.of_vcpus(seconds, window, hazard)
+            if totals[3] is not None and before[3] is not None and ev.run > 0:
+                ev = replace(ev, spins=max(totals[3][0] - before[3][0], 0) / ev.run,
+                             halts=max(totals[3][1] - before[3][1], 0) / ev.run)
             params = dict(d.policy.params)
             old = self.chooser.mode(d.uuid)
             coschedule = "partial" if pool_cpus >= 2 * len(d.vcpus) else "gang"
-            mode, why = self.chooser.decide(d.uuid, now, Evidence.of_vcpus(seconds, window, hazard),
+            mode, why = self.chooser.decide(d.uuid, now, ev,
                                             params["allow"], params["dwell-s"], coschedule)
             if why is not None:
                 changes.append((d.name, old, mode, why))
@@ -368,7 +419,8 @@ class Auto:
         auto = _auto_guests(snap)
         chosen = {d.uuid: self.chooser.mode(d.uuid) for d in auto}
         modes, refused = dict(chosen), {d.uuid: {} for d in auto}
-        hosted = {d.uuid for d in auto if dict(d.policy.params)["slot"] and self.chooser.busy(d.uuid)}
+        hosted = {d.uuid: self.chooser.slot_weight(d.uuid, self._pool) for d in auto
+                  if dict(d.policy.params)["slot"] and self.chooser.busy(d.uuid)}
         eff = _under(snap, modes, hosted)
         for _ in LADDER:                        # each round refuses one more mode to each guest it drops
             rejected = planner(eff).rejected
@@ -391,7 +443,7 @@ class Auto:
                 why = f"the planner can take {new} again"
             changes.append((d.name, old, new, why))
         final = planner(eff)
-        self.hosted = {u for u in hosted if modes[u] == "none" and final.cell_of(u) is not None}
+        self.hosted = {u: w for u, w in hosted.items() if modes[u] == "none" and final.cell_of(u) is not None}
         if self.hosted != hosted:                # no gang cell to join, or no room in it: free
             eff = _under(snap, modes, self.hosted)
         self.in_force = modes
@@ -403,13 +455,14 @@ def _auto_guests(snap) -> list:
     return [d for d in snap.domains if d.policy is not None and d.policy.kind == "auto"] if snap else []
 
 
-def _under(snap, modes: dict[str, str], hosted: set[str] = frozenset()):
+def _under(snap, modes: dict[str, str], hosted: dict[str, int] = {}):
     """``snap`` with each auto guest's policy replaced by its mode in ``modes``;
-    a guest in ``hosted`` under ``none`` is planned as :data:`~cosched.policy.plan.HOSTED`."""
+    a guest in ``hosted`` (uuid: its slot weight) under ``none`` is planned as
+    :data:`~cosched.policy.plan.HOSTED`."""
     def spec(d):
         mode = modes[d.uuid]
         if mode == "none" and d.uuid in hosted:
-            return replace(d.policy, kind=HOSTED, params=resolve("gang", {}, {}))
+            return replace(d.policy, kind=HOSTED, params=resolve("gang", {}, {"weight": hosted[d.uuid]}))
         return replace(d.policy, kind=mode, params=resolve(mode, {}, {}))
     domains = tuple(replace(d, policy=spec(d)) if d.uuid in modes and d.policy is not None and d.policy.kind == "auto"
                     else d for d in snap.domains)
