@@ -639,7 +639,7 @@ def run_mixed(args, daemon, img, progress, runs) -> None:
         daemon.wait(lambda: all(daemon.domain(g.name) for g in gs), 10, "guests observed")
         for rep in range(args.reps):
             apply_mode(daemon, gs, "cfs", args.settle)
-            alone = {}
+            alone, demand = {}, {}      # each guest alone: its rate, and the CPUs its vCPUs kept busy
             for g in gs:
                 for attempt in range(1 + args.retries):
                     with guests.paused([o for o in gs if o is not g]):
@@ -647,6 +647,8 @@ def run_mixed(args, daemon, img, progress, runs) -> None:
                     if r["valid"]:
                         break
                 alone[g.name] = r["per_guest"][g.name]["rate"] if r["valid"] else None
+                demand[g.name] = (sum(v["run"] for v in r["per_guest"][g.name]["vcpus"].values())
+                                  if r["valid"] else None)
             for mode in in_turn([m for m in args.modes if m != "batch"], rep):
                 notes = apply_mode(daemon, gs, mode, args.settle)
                 for attempt in range(1 + args.retries):
@@ -654,7 +656,8 @@ def run_mixed(args, daemon, img, progress, runs) -> None:
                     if r["valid"]:
                         break
                 r.update(workload="mixed", unit=f"mixed {row}", guests=n, mode=mode, rep=rep, ideal=None, notes=notes,
-                         attempts=attempt + 1, alone=alone, guest_workloads={g.name: w for g, w in zip(gs, wls)})
+                         attempts=attempt + 1, alone=alone, alone_cpus=demand, cpus=len(os.sched_getaffinity(0)),
+                         guest_workloads={g.name: w for g, w in zip(gs, wls)})
                 runs.append(r)
                 rel = [r["per_guest"][g.name]["rate"] / alone[g.name] for g in gs if alone[g.name]]
                 progress.step(f"mixed {row} {mode} rep {rep + 1}: " + (
