@@ -121,7 +121,8 @@ def main() -> int:
         print("waits for a host CPU (HAZARD%). Under gang each guest's vCPUs run together (FRZ shows who waits).")
         total = sum(auto[g.name] for g in gs)
         print(f"{'three guests, auto:':<26} {total:9.0f} iterations/s in all = {100 * total / ideal:.0f}% of the ideal, "
-              f"next to the sleeper ({auto[sleeper.name]:.0f} iterations/s)")
+              f"{total / max(sum(gang.values()), 1e-9):.2f}x their gang figure, next to the sleeper "
+              f"({auto[sleeper.name]:.0f} iterations/s)")
         print("Under auto: " + ", ".join(f"{g.name} -> {modes.get(g.name)}" for g in mixed) + ". Why, for two of them:")
         for g in (first, sleeper):
             config = ["--config", str(daemon.config)] if daemon else []
