@@ -6,8 +6,9 @@ its second vCPU idle), which ``auto`` leaves to the host scheduler. The
 barrier guest's hazard (a vCPU running while its sibling waits for a CPU) is
 read from the daemon, in one run: with both guests under ``gang``, under
 ``auto``, and under ``auto`` with ``slot="false"`` (the busy guest not given
-a slot of its own), the control that shows the hazard this test looks for. From outside, cgroup freeze states show that the busy guest never
-runs while the barrier guest does.
+a slot of its own), the control that shows the hazard this test looks for.
+From outside, cgroup freeze states show that the busy guest never runs
+while the barrier guest does.
 """
 from __future__ import annotations
 
