@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 APT_PACKAGES := qemu-system-x86 libvirt-daemon-system libvirt-clients libvirt-dev \
                 pkg-config gcc libc6-dev python3-venv python3-dev systemd systemd-container debootstrap \
-                clang libbpf-dev
+                clang libbpf-dev sysbench pigz
 # for the deploy tests (promtool, a Prometheus server); without its recommended exporters
 APT_PACKAGES_LEAN := prometheus
 # what `make install` needs on a production host: no compiler, no QEMU, no Prometheus.

@@ -36,6 +36,12 @@
  *             (phase=<number of phases begun so far, from 0>: even numbers
  *             are barrier phases).
  *   idle      threads sleep; the guest only keeps its kernel running.
+ *   exec      real software: the command after the options (the first word
+ *             that starts with '/'), run again and again, its output
+ *             discarded; a word '|' joins two commands with a pipe. Its
+ *             processes may run on any vCPU. iters = completed runs; a run
+ *             that fails counts an error. /data holds `data_kib` KiB of text
+ *             (default 1024), made at start, for commands that need an input.
  *
  * Every `interval_ms` one line that the host parses is printed, by a
  * reporter thread on whichever vCPU runs first (one reporter per vCPU):
@@ -74,6 +80,7 @@
 #include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -84,7 +91,8 @@ static long opt_chunk = 20000;    /* LCG steps per unit of work */
 static long opt_interval_ms = 1000;
 static long opt_chunk_ms = 100;   /* deadline: chunk length */
 static long opt_cs = 200;         /* spinlock: critical section steps */
-static long opt_sleep_us = 2000;  /* blocking: sleep between chunks */
+static long opt_sleep_us = 2000;
+static long opt_data_kib = 1024;   /* exec: size of /data */  /* blocking: sleep between chunks */
 static long opt_n = 128;          /* lu: matrix size */
 static long opt_b = 16;           /* lu: block size */
 static long opt_phase_ms = 20000; /* phases: length of each phase */
@@ -331,6 +339,87 @@ static void *ep_thread(void *arg) {
     return NULL;
 }
 
+/* exec: the command (argv from exec_argv), and where each '|' split it */
+static char **exec_argv;
+static int exec_argc;
+
+static pid_t spawn(char **argv, int in, int out) {
+    pid_t pid = fork();
+    if (pid != 0)
+        return pid;
+    cpu_set_t all;
+    CPU_ZERO(&all);
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        CPU_SET(c, &all);
+    sched_setaffinity(0, sizeof all, &all);      /* the worker is pinned: its children are not */
+    int null = open("/dev/null", O_RDWR);
+    dup2(in >= 0 ? in : null, 0);
+    dup2(out >= 0 ? out : null, 1);
+    dup2(null, 2);
+    for (int fd = 3; fd < 64; fd++)
+        close(fd);
+    execv(argv[0], argv);
+    _exit(127);
+}
+
+static void *exec_thread(void *arg) {
+    long id = (long)arg;
+    static char *cmds[16][64];
+    int n = 0, k = 0;
+    for (int i = 0; i < exec_argc && n < 16; i++) {
+        if (!strcmp(exec_argv[i], "|")) {
+            cmds[n][k] = NULL;
+            n++, k = 0;
+        } else if (k < 63) {
+            cmds[n][k++] = exec_argv[i];
+        }
+    }
+    cmds[n++][k] = NULL;
+    int said = 0;
+    for (;;) {
+        pid_t pids[16];
+        int in = -1, ok = 1;
+        for (int c = 0; c < n; c++) {
+            int fds[2] = {-1, -1};
+            if (c + 1 < n && pipe(fds))
+                ok = 0;
+            pids[c] = spawn(cmds[c], in, fds[1]);
+            if (in >= 0)
+                close(in);
+            if (fds[1] >= 0)
+                close(fds[1]);
+            in = fds[0];
+        }
+        for (int c = 0; c < n; c++) {
+            int status = 0;
+            if (pids[c] < 0 || waitpid(pids[c], &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status))
+                ok = 0;
+        }
+        if (ok) {
+            count_iter(id);
+        } else {
+            live->t[id].errors++;
+            if (!said++)
+                printf("cosched-error exec %s failed\n", cmds[0][0]);
+        }
+    }
+    return NULL;
+}
+
+static void make_data(void) {
+    static const char *words[] = {"scheduler", "vcpu", "gang", "barrier", "the", "of", "lock", "host", "guest",
+                                  "slot", "thread", "cpu", "and", "a", "to", "run"};
+    FILE *f = fopen("/data", "w");
+    if (!f)
+        return;
+    uint64_t x = 12345;
+    for (long n = 0; n < opt_data_kib << 10;) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        n += fprintf(f, "%s%s", words[(x >> 33) % 16], (x >> 40) % 11 ? " " : "\n");
+    }
+    fclose(f);
+}
+
 static void *blocking_thread(void *arg) {
     long id = (long)arg;
     struct timespec ts = {opt_sleep_us / 1000000, (opt_sleep_us % 1000000) * 1000};
@@ -403,6 +492,7 @@ static const struct workload workloads[] = {
     {"barrier", barrier_thread, 0}, {"deadline", deadline_thread, 1}, {"spinlock", spinlock_thread, 0},
     {"lu", lu_thread, 0}, {"ep", ep_thread, 0}, {"blocking", blocking_thread, 0},
     {"pingpong", pingpong_thread, 0}, {"idle", idle_thread, 0}, {"phases", phases_thread, 0},
+    {"exec", exec_thread, 0},
 };
 
 struct start { const struct workload *w; long id; };
@@ -504,6 +594,10 @@ int main(int argc, char **argv) {
     const struct workload *w = NULL;
     setvbuf(stdout, NULL, _IOLBF, 0);
     for (int i = 2; i < argc; i++) {
+        if (argv[i][0] == '/') {          /* exec: the command starts here */
+            exec_argv = argv + i, exec_argc = argc - i;
+            break;
+        }
         char *eq = strchr(argv[i], '=');
         if (!eq) continue;
         long v = strtol(eq + 1, NULL, 10);
@@ -514,6 +608,7 @@ int main(int argc, char **argv) {
         else if (!strncmp(argv[i], "cs=", 3)) opt_cs = v;
         else if (!strncmp(argv[i], "sleep_us=", 9)) opt_sleep_us = v;
         else if (!strncmp(argv[i], "n=", 2)) opt_n = v;
+        else if (!strncmp(argv[i], "data_kib=", 9)) opt_data_kib = v;
         else if (!strncmp(argv[i], "b=", 2)) opt_b = v;
         else if (!strncmp(argv[i], "phase_ms=", 9)) opt_phase_ms = v > 0 ? v : opt_phase_ms;
     }
@@ -530,10 +625,19 @@ int main(int argc, char **argv) {
         opt_threads = MAX_THREADS;
     if (!strcmp(name, "pingpong"))
         opt_threads = 2;
+    if (!strcmp(name, "exec")) {
+        if (!exec_argc) {
+            printf("cosched-error exec needs a command\n");
+            for (;;) sleep(3600);
+        }
+        opt_threads = 1;
+    }
     if (opt_b <= 0 || opt_n % opt_b)
         opt_b = 16, opt_n = 128;
     bar.count = opt_threads;
     live_setup();
+    if (!strcmp(name, "exec"))
+        make_data();
     if (!strcmp(name, "deadline")) {
         /* The fastest of many short trials: a trial the host preempted (other
          * guests run meanwhile) only reads slower, so every guest arrives at

@@ -60,3 +60,28 @@ def test_live_counters_are_read_from_guest_memory_at_any_instant(libvirtd, guest
     assert line["iters"] <= c["iters"]               # the memory is never behind the console
     assert c == d and c["errors"] == 0
     assert after["iters"] > d["iters"]               # and the guest goes on from where it stood
+
+
+def test_real_software_runs_again_and_again_and_reports_progress(libvirtd):
+    """Every program of the suite's real-software guests runs under the
+    ``exec`` workload, each in a guest booted from the software image: a
+    run counts only if each program of it exits 0."""
+    from benchmarks.suite import SOFTWARE
+    from testbed import image
+    img = image.build_software()
+    gs = [guests.start(PREFIX + f"wl-sw-{i}", workload=SOFTWARE[name].replace("exec ", "exec data_kib=64 ", 1),
+                       image=img, memory_mib=256) for i, name in enumerate(SOFTWARE)]
+    try:
+        for g in gs:
+            g.wait_for("cosched-ready workload=exec", timeout=120)
+        deadline = time.monotonic() + 60
+        while any(not g.results() or g.results()[-1]["iters"] < 2 for g in gs) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        last = {name: (g.results() or [{}])[-1] for name, g in zip(SOFTWARE, gs)}
+        consoles = {name: g.console() for name, g in zip(SOFTWARE, gs)}
+    finally:
+        for g in gs:
+            g.destroy()
+    for name in SOFTWARE:
+        assert last[name].get("iters", 0) >= 2 and last[name]["errors"] == 0, (name, consoles[name][-1500:])
+        assert "cosched-error" not in consoles[name], (name, consoles[name][-1500:])
