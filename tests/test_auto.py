@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 
 from cosched.model import Domain, Host, PolicySpec, Snapshot, Vcpu
-from cosched.policy.auto import Auto, Chooser, Evidence, scores
+from cosched.policy.auto import Auto, Choice, Chooser, Evidence, scores
 from cosched.policy.params import MODES, ParamError, resolve
 from cosched.policy.plan import PlanConfig, plan
 from cosched.sampler import DomainView, VcpuView
@@ -332,7 +332,7 @@ def test_a_busy_guest_left_to_the_host_is_hosted_beside_a_gang_and_a_sleeper_run
     planner = lambda s: plan(s, PlanConfig())             # noqa: E731
     eff, _ = auto.settle(snap, planner)
     assert [auto.mode(d.uuid) for d in snap.domains] == ["gang", "none", "none"]
-    assert auto.hosted == {"u-lopsided": 2}           # one busy vCPU: twice a gang slot, as much CPU time
+    assert auto.hosted == {"u-lopsided": 100}         # one busy vCPU: twice a gang slot, as much CPU time
     p = planner(eff)
     assert [(s["domain"], s["mode"], s["hosted"]) for s in p.composition()[0]["slots"]] == [
         ("barrier", "gang", False), ("lopsided", "none", True)]
@@ -358,3 +358,11 @@ def test_explain_shows_the_host_composition():
     assert "runs in a slot of its own beside the gang guests" in text
     assert "cell gang (gang, CPUs 0,1, cycle 150 ms): barrier (gang, 50 ms), lopsided (none, hosted, 100 ms)" in text
     assert "free under the host scheduler: sleeper" in text
+
+
+@pytest.mark.parametrize("busy, pool, slot", [(1.0, 2, 100), (1.28, 2, 80), (2.0, 2, 50), (0.3, 2, 100),
+                                              (3.9, 4, 50), (1.0, 8, 400), (0.5, 64, 1000)])
+def test_a_hosted_slot_gives_the_busy_vcpus_a_gang_guests_cpu_time(busy, pool, slot):
+    ch = Chooser()
+    ch.guests["g"] = Choice(busy=busy)
+    assert ch.slot_ms("g", pool) == slot

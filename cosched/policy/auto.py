@@ -112,7 +112,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from math import exp
 
-from cosched.policy.params import resolve
+from cosched.policy.params import QUANTUM, resolve
 from cosched.policy.plan import HOSTED
 
 DECIDE_S = 1.0
@@ -124,7 +124,8 @@ IDLENESS = (0.45, 0.70)     # ramps from "idles like a hand-off" to "mostly slee
 SPREAD = (0.30, 0.60)
 SPINNING = (20.0, 200.0)  # KVM: directed-yield attempts per second of vCPU run time, "a little" to "spins"
 HALTING = (0.10, 0.25)    # KVM: idleness that says the vCPUs wait for each other by halting (a hand-off)
-HOSTED_IDLENESS = IDLENESS[1]     # a none guest idling less than this gets a slot of its own beside a gang
+HOSTED_IDLENESS = IDLENESS[1]
+SLOT_STEP_MS = 10     # a none guest idling less than this gets a slot of its own beside a gang
 LADDER = ("none", "boost", "relaxed", "gang", "partial")
 
 
@@ -240,14 +241,16 @@ class Chooser:
         return (ch is not None and ch.contention is not None and ch.contention >= CONTENDED
                 and ch.idleness < HOSTED_IDLENESS)
 
-    def slot_weight(self, uuid: str, pool_cpus: int) -> int:
-        """A hosted guest's slot, in gang quanta: long enough that its busy
+    def slot_ms(self, uuid: str, pool_cpus: int) -> int:
+        """A hosted guest's slot: the gang quantum, stretched so that its busy
         vCPUs get as much CPU time per cycle as a gang guest filling the pool
         (the host scheduler's share per guest), since in its slot it can use
-        only the CPUs it keeps busy."""
+        only the CPUs it keeps busy; in steps of :data:`SLOT_STEP_MS`, so
+        that noise in the signal does not replan."""
         ch = self.guests.get(uuid)
         busy = ch.busy if ch is not None and ch.busy else 1.0
-        return max(1, min(round(pool_cpus / max(busy, 1.0)), 100))
+        slot = QUANTUM.default * pool_cpus / min(max(busy, 1.0), pool_cpus)
+        return int(min(max(round(slot / SLOT_STEP_MS) * SLOT_STEP_MS, QUANTUM.default), QUANTUM.max))
 
     def forget(self, keep: set[str]) -> None:
         for uuid in [u for u in self.guests if u not in keep]:
@@ -347,7 +350,7 @@ class Auto:
         # per guest: (seconds observed, hazard, {vCPU: (run, wait, costop)}, KVM's (spins, halts) or None), cumulative
         self._totals: dict[str, tuple] = {}
         self.in_force: dict[str, str] = {}
-        self.hosted: dict[str, int] = {}                   # none guests given a slot beside a gang: its weight
+        self.hosted: dict[str, int] = {}                   # none guests given a slot beside a gang: its length, ms
         self._pool = 1                                     # CPUs in the co-scheduling pool, as of the last step
         self.refused: dict[str, dict[str, str]] = {}      # per guest: chosen modes the planner refused, why
         self._why: dict[str, str] = {}                     # the chooser's reasons not yet logged
@@ -419,7 +422,7 @@ class Auto:
         auto = _auto_guests(snap)
         chosen = {d.uuid: self.chooser.mode(d.uuid) for d in auto}
         modes, refused = dict(chosen), {d.uuid: {} for d in auto}
-        hosted = {d.uuid: self.chooser.slot_weight(d.uuid, self._pool) for d in auto
+        hosted = {d.uuid: self.chooser.slot_ms(d.uuid, self._pool) for d in auto
                   if dict(d.policy.params)["slot"] and self.chooser.busy(d.uuid)}
         eff = _under(snap, modes, hosted)
         for _ in LADDER:                        # each round refuses one more mode to each guest it drops
@@ -457,12 +460,12 @@ def _auto_guests(snap) -> list:
 
 def _under(snap, modes: dict[str, str], hosted: dict[str, int] = {}):
     """``snap`` with each auto guest's policy replaced by its mode in ``modes``;
-    a guest in ``hosted`` (uuid: its slot weight) under ``none`` is planned as
+    a guest in ``hosted`` (uuid: its slot in ms) under ``none`` is planned as
     :data:`~cosched.policy.plan.HOSTED`."""
     def spec(d):
         mode = modes[d.uuid]
         if mode == "none" and d.uuid in hosted:
-            return replace(d.policy, kind=HOSTED, params=resolve("gang", {}, {"weight": hosted[d.uuid]}))
+            return replace(d.policy, kind=HOSTED, params=resolve("gang", {}, {"quantum-ms": hosted[d.uuid]}))
         return replace(d.policy, kind=mode, params=resolve(mode, {}, {}))
     domains = tuple(replace(d, policy=spec(d)) if d.uuid in modes and d.policy is not None and d.policy.kind == "auto"
                     else d for d in snap.domains)
