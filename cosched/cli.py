@@ -198,8 +198,9 @@ def render_explain(e: dict) -> str:
     if host:
         lines.append("host:")
         for c in host["cells"]:
-            slots = ", ".join(f"{s['domain']} ({s['mode']}{', hosted' if s['hosted'] else ''}, {s['slot_ms']:g} ms)"
-                              for s in c["slots"])
+            slots = ", ".join(f"{s['domain']} ({s['mode']}{', hosted' if s['hosted'] else ''}, {s['slot_ms']:g} ms"
+                              + (f", hazard {s['hazard_per_second']:.2f} s/s" if s.get("hazard_per_second") is not None
+                                 else "") + ")" for s in c["slots"])
             lines.append(f"  cell {c['cell']} ({c['kind']}, CPUs {','.join(map(str, c['cpus'])) or 'any'}, "
                          f"cycle {c['cycle_ms']:g} ms): {slots}" + (f"; {c['note']}" if c.get("note") else ""))
         if host.get("free"):

@@ -209,7 +209,12 @@ class Daemon:
         if d.policy is None or d.policy.kind != "auto":
             return {"error": f"domain {name} is not under auto (policy {d.policy.preset if d.policy else 'invalid'})"}
         got = self.auto.explain(d.uuid)
-        host = {"cells": self.engine.plan.composition(),
+        cells = self.engine.plan.composition()
+        for c in cells:                        # what each auto guest in a rotation suffers: its vCPUs apart
+            for slot in c["slots"]:
+                ch = self.auto.chooser.guests.get(slot["uuid"])
+                slot["hazard_per_second"] = ch.hazard if ch is not None else None
+        host = {"cells": cells,
                 "free": sorted(x.name for x in self.snapshot.domains if x.uuid in self.auto.in_force
                                and self.engine.plan.cell_of(x.uuid) is None)}
         if got is None:

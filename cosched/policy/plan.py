@@ -156,8 +156,8 @@ class Plan:
         cell, its kind, CPUs and its slots in turn, each with the guest, its
         mode, length and whether the host scheduler places it (hosted)."""
         return [{"cell": c.id, "kind": c.kind, "cpus": list(c.cpus), "cycle_ms": c.cycle_ms, "note": c.note,
-                 "slots": [{"domain": m.name, "mode": "none" if m.hosted else c.kind, "slot_ms": m.slot_ms,
-                            "hosted": m.hosted} for m in c.members]}
+                 "slots": [{"domain": m.name, "uuid": m.uuid, "mode": "none" if m.hosted else c.kind,
+                            "slot_ms": m.slot_ms, "hosted": m.hosted} for m in c.members]}
                 for c in self.cells]
 
     def pins(self) -> dict[tuple[str, int], int]:
