@@ -633,13 +633,17 @@ def in_turn(modes: list[str], rep: int) -> list[str]:
 def units(args) -> dict[str, int]:
     """Every unit of the suite ``args`` asks for, and how many runs it takes."""
     out = {f"{wl} x{n}": args.reps * (1 + len(args.modes)) for wl in args.workloads for n in args.guests}
-    out.update({f"mixed {row}": args.reps * len([m for m in args.modes if m != "batch"]) for row in args.mixed})
+    out.update({f"mixed {row}": mixed_reps(args) * len([m for m in args.modes if m != "batch"]) for row in args.mixed})
     out.update({steady_unit(wl, n): 1 for wl in args.workloads for n in args.guests if args.steady})
     return {**out, **({"phases": len(PHASE_MODES)} if args.phases else {})}
 
 
 def steady_unit(workload: str, n: int) -> str:
     return f"steady {workload} x{n}"
+
+
+def mixed_reps(args) -> int:
+    return args.mixed_reps or args.reps
 
 
 def run_mixed(args, daemon, img, progress, runs) -> None:
@@ -652,7 +656,7 @@ def run_mixed(args, daemon, img, progress, runs) -> None:
         n = len(wls)
         gs = boot_set(list(wls), args.vcpus, img)
         daemon.wait(lambda: all(daemon.domain(g.name) for g in gs), 10, "guests observed")
-        for rep in range(args.reps):
+        for rep in range(mixed_reps(args)):
             apply_mode(daemon, gs, "cfs", args.settle)
             alone, demand = {}, {}      # each guest alone: its rate, and the CPUs its vCPUs kept busy
             for g in gs:
@@ -904,6 +908,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mixed", type=_list(MIXED, digits="x"), default=[],
                     help="mixed hosts to run, by name; a guest count names the sleeper rows (" +
                          ", ".join(f"{k}: {'+'.join(v)}" for k, v in MIXED.items()) + ")")
+    ap.add_argument("--mixed-reps", type=int, default=0, help="repetitions of each mixed host (default: --reps)")
     ap.add_argument("--phases", type=float, default=0.0, metavar="SECONDS",
                     help=f"run two guests alternating barrier and blocking ({PHASE_MS // 1000} s each) "
                          "under cfs, gang, boost and auto for SECONDS each")

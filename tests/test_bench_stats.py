@@ -390,3 +390,26 @@ def test_phase_changes_are_reported_per_guest():
     assert "| auto | 100 (1) | 10 (2) |" in text and "| cfs | - (0) | 10 (1) |" in text
     assert "auto, per guest and phase: a: blocking gang→none in 2.0 s, barrier none→gang in 1.5 s; b: blocking kept none." in text
     assert phases({"runs": []}) == []
+
+
+def test_cpu_bound_gives_the_cpus_to_the_guests_needing_fewest_first():
+    from benchmarks.report import cpu_bound
+    assert cpu_bound([1.0, 2.0, 2.0], 2) == 1.5          # one busy thread: a whole CPU buys it all of itself
+    assert cpu_bound([0.5, 0.5], 2) == 2.0               # room for both
+    assert cpu_bound([2.0, 2.0, 2.0], 2) == 1.0
+
+
+def test_mixed_rows_are_told_apart_by_name_and_judged_on_medians():
+    from benchmarks.report import mixed
+    def run(unit, mode, rates, rep):
+        return {"workload": "mixed", "unit": unit, "guests": 2, "mode": mode, "rep": rep, "valid": True,
+                "alone": {"a": 10.0, "b": 10.0}, "alone_cpus": {"a": 1.0, "b": 2.0}, "cpus": 2,
+                "guest_workloads": {"a": "ep threads=1", "b": "barrier"},
+                "per_guest": {"a": {"rate": rates[0]}, "b": {"rate": rates[1]}},
+                "modes": {"end": {"a": "none+slot" if mode == "auto" else mode, "b": "gang"}}}
+    runs = [run(u, m, r, rep) for u in ("mixed busy-x2", "mixed x2") for rep, r in enumerate(((5, 2), (4, 3), (9, 9)))
+            for m in ("cfs", "auto")]
+    text = "\n".join(mixed({"runs": runs}))
+    assert "mixed busy-x2 (2 guests)" in text and "mixed x2 (2 guests)" in text
+    assert "| cfs | 0.50 | 0.30 | 0.80 |" in text                  # medians of (0.5, 0.4, 0.9) and (0.2, 0.3, 0.9)
+    assert "CPU time allows a sum of at most 1.50" in text and "ep threads=1 none+slot" in text
