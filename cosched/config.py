@@ -4,7 +4,7 @@ Every key is optional; an unknown key or a value of the wrong type is an
 error naming the key. Command-line options override the file. SIGHUP
 re-reads it (see :meth:`cosched.daemon.Daemon.reload`); ``connect``,
 ``metrics_address``, ``state_dir``, ``switcher_priority``, ``sources``,
-``pve_config_dir`` and ``meter`` need a restart.
+``pve_config_dir``, ``emulators``, ``emulator_users`` and ``meter`` need a restart.
 
 ``connect`` (string, default ``qemu:///system``)
     libvirt URI.
@@ -53,6 +53,10 @@ re-reads it (see :meth:`cosched.daemon.Daemon.reload`); ``connect``,
 ``pve_config_dir`` (string, default ``/etc/pve/qemu-server``)
     where the ``processes`` source reads a Proxmox VE guest's ``VMID.conf``
     for its ``cosched-`` tag.
+``emulators`` (list of path globs, default the distribution's ``qemu-system-*``, ``qemu-kvm`` and Proxmox VE's ``kvm``)
+    the executables the ``processes`` source takes for QEMU; with
+    ``emulator_users`` (list of user names, default ``["libvirt-qemu", "qemu"]``;
+    root always) the users it may run as (:mod:`cosched.discovery.trust`).
 ``flavor_policies`` (list of tables ``{flavor = GLOB, policy = PRESET}``, default ``[]``)
     OpenStack: the preset of an instance without an annotation and without a
     ``cosched:policy`` flavor extra spec, by its flavor's name (the first
@@ -63,6 +67,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 from cosched.compat import tomllib
+from cosched.discovery.trust import EMULATOR_USERS, EMULATORS
 
 DEFAULT_PATH = "/etc/cosched/cosched.toml"
 
@@ -88,6 +93,8 @@ class Config:
     sources: tuple[str, ...] = ("libvirt",)
     pve_config_dir: str = "/etc/pve/qemu-server"
     flavor_policies: tuple[tuple[str, str], ...] = ()
+    emulators: tuple[str, ...] = EMULATORS
+    emulator_users: tuple[str, ...] = EMULATOR_USERS
 
     @property
     def socket_path(self) -> str:
@@ -132,6 +139,8 @@ def _check(key: str, value: object, default: object) -> object:
             raise ConfigError(f"{key}: expected a list of {item.__name__}s, got {value!r}")
         if item is int and any(v < 0 for v in value):
             raise ConfigError(f"{key}: CPU numbers cannot be negative")
+        if key == "emulators" and not all(v.startswith("/") for v in value):
+            raise ConfigError(f"{key}: expected absolute paths (globs allowed), got {value!r}")
         if key == "sources":
             bad = [v for v in value if v not in SOURCES]
             if bad or not value or len(set(value)) != len(value):

@@ -245,7 +245,8 @@ class Daemon:
         return {"libvirt_connected": self.source.connected, "samples": self.sampler.samples,
                 "late_samples": self.sampler.late, "sample_period": self.sampler.period,
                 "preset_errors": len(self.presets.errors),
-                "switcher_realtime": self.engine.stats().realtime, "healthy": not self._unhealthy}
+                "switcher_realtime": self.engine.stats().realtime, "healthy": not self._unhealthy,
+                "ignored_processes": self.source.ignored() if hasattr(self.source, "ignored") else {}}
 
     # -- status ---------------------------------------------------------
     def request(self, what: str) -> dict:

@@ -7,6 +7,7 @@ Paths given to the methods are absolute host paths (``/proc/1/stat``).
 """
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import os
@@ -46,6 +47,25 @@ def _kept(fd: int) -> int:
         return fd
     os.close(fd)
     return high
+
+
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_IN_ROOT = 0x10
+_SYS_OPENAT2 = 437          # the same number on every architecture (Linux 5.6)
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+def _openat2(dirfd: int, path: str, flags: int, resolve: int) -> int:
+    how = _OpenHow(flags, 0, resolve)
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.syscall(_SYS_OPENAT2, dirfd, os.fsencode(path), ctypes.byref(how), ctypes.sizeof(how))
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), path)
+    return fd
 
 
 class HostFS:
@@ -106,6 +126,39 @@ class HostFS:
     def rmdir(self, host_path: str) -> None:
         """Remove a directory (a cgroup: its control files go with it)."""
         os.rmdir(self.path(host_path))
+
+    def exe(self, pid: int) -> tuple[str, os.stat_result]:
+        """Process ``pid``'s executable: the path it was started from, as the
+        process sees it (a ``" (deleted)"`` suffix, which a replaced binary
+        gets, removed), and the file's status, read through ``/proc/PID/exe``:
+        the very file the process runs, in whatever mount namespace it is."""
+        link = self._real(f"/proc/{pid}/exe")
+        target = os.readlink(link).removesuffix(" (deleted)")
+        if self._prefix != "/" and target.startswith(self._prefix):
+            target = "/" + target[len(self._prefix):]
+        return target, os.stat(link)
+
+    def read_in_root(self, root: str, path: str, limit: int = 1 << 20) -> str:
+        """The text of ``path`` as seen inside ``root`` (a process's
+        ``/proc/PID/root``), resolved as if ``root`` were ``/`` (openat2's
+        RESOLVE_IN_ROOT: a symbolic link or ``..`` cannot lead out of it, nor
+        through /proc's magic links); a file over ``limit`` bytes is refused
+        with ValueError. Kernels before 5.6 have no openat2: OSError, and
+        nothing is read."""
+        dirfd = os.open(self._real(root), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fd = _openat2(dirfd, path, os.O_RDONLY | os.O_CLOEXEC, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
+        finally:
+            os.close(dirfd)
+        try:
+            data = os.read(fd, limit + 1)
+            while len(data) <= limit and (chunk := os.read(fd, limit + 1 - len(data))):
+                data += chunk
+        finally:
+            os.close(fd)
+        if len(data) > limit:
+            raise ValueError(f"{root}{path} is larger than {limit} bytes")
+        return data.decode("utf-8", "replace")
 
     def open_fd(self, host_path: str) -> int:
         """A read-only descriptor, for files sampled many times a second."""

@@ -17,6 +17,7 @@ from prometheus_client.core import (
 )
 
 from cosched import __version__
+from cosched.discovery.trust import REASONS
 from cosched.model import Snapshot
 from cosched.sampler import DomainView
 
@@ -128,7 +129,14 @@ class CoschedCollector:
         healthy = GaugeMetricFamily("cosched_healthy",
                                     "1 while the sampler and discovery threads run and sample (the watchdog is fed)")
         healthy.add_metric([], 1 if h["healthy"] else 0)
-        yield from (connected, samples, late, period, presets, realtime, healthy)
+        ignored = GaugeMetricFamily(
+            "cosched_ignored_processes",
+            "QEMU-named processes the processes source does not manage, by why: executable (not a configured "
+            "emulator), file (not root's, or writable by others), user (not root or an emulator user)",
+            labels=["reason"])
+        for reason in REASONS:
+            ignored.add_metric([reason], h.get("ignored_processes", {}).get(reason, 0))
+        yield from (connected, samples, late, period, presets, realtime, healthy, ignored)
 
     @staticmethod
     def _engine_metrics(s):

@@ -18,6 +18,7 @@ from cosched.daemon import Daemon, Latest
 from cosched.discovery import Sources
 from cosched.discovery.libvirt import LibvirtSource
 from cosched.discovery.processes import ProcessSource
+from cosched.discovery.trust import Trust, user_ids
 from cosched.engine import Engine
 from cosched.hostfs import HostFS, raise_open_files_limit
 from cosched.sampler import Sampler
@@ -39,7 +40,8 @@ def build_daemon(config: Config, *, dry_run: bool = False, config_path: str | No
     wake = threading.Event()
     latest = Latest()
     found = {"libvirt": lambda: LibvirtSource(config.connect, wake.set),
-             "processes": lambda: ProcessSource(fs, config.pve_config_dir)}
+             "processes": lambda: ProcessSource(fs, config.pve_config_dir, trust=Trust(
+                 config.emulators, user_ids(config.emulator_users)))}
     each = {name: found[name]() for name in config.sources}
     source = Sources(each.values())
     libvirt = each.get("libvirt")

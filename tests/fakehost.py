@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from cosched.discovery.trust import Trust
 from cosched.hostfs import HostFS
 
 HYBRID_MOUNTINFO = """\
@@ -77,12 +78,31 @@ class FakeHost:
         p.write_bytes(text if isinstance(text, bytes) else text.encode())
         return p
 
+    # the trust the processes source needs for this tree: its files are the test runner's
+    trust = Trust(owner=os.getuid(), users=frozenset({0, os.getuid()}))
+
+    def process(self, pid: int, argv: list[str], exe: str | None = None, uid: int | None = None) -> None:
+        """Process ``pid``: its command line, its executable (``exe``, else
+        ``argv[0]`` made absolute under /usr/bin: a file of this tree, linked
+        from ``/proc/PID/exe`` as the kernel does) and its user (default: the
+        test runner's, whom ``trust`` takes)."""
+        self.write(f"/proc/{pid}/cmdline", b"\0".join(a.encode() for a in argv) + b"\0")
+        exe = exe or (argv[0] if argv[0].startswith("/") else f"/usr/bin/{argv[0]}")
+        target = self.root / exe.lstrip("/")
+        if not target.exists():
+            self.write(exe, b"\x7fELF")
+            target.chmod(0o755)
+        link = self.root / f"proc/{pid}/exe"
+        link.unlink(missing_ok=True)
+        link.symlink_to(target)
+        uid = os.getuid() if uid is None else uid
+        self.write(f"/proc/{pid}/status", f"Name:\tqemu\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
+
     def qemu(self, pid: int, name: str, uuid: str, vcpus: dict[int, int], accel: str = "TCG",
              pidfile: bool = True, cgroups: bool = True, scope: str | None = None) -> None:
         """A QEMU process ``pid`` whose vCPU ``index`` runs in thread ``vcpus[index]``."""
         scope = scope or f"/machine/qemu-1-{name}.libvirt-qemu"
-        self.write(f"/proc/{pid}/cmdline", b"\0".join([b"/usr/bin/qemu-system-x86_64", b"-name",
-                                                       f"guest={name}".encode(), b"-uuid", uuid.encode(), b""]))
+        self.process(pid, ["/usr/bin/qemu-system-x86_64", "-name", f"guest={name}", "-uuid", uuid])
         if pidfile:
             self.write(f"/run/libvirt/qemu/{name}.pid", str(pid))
         self.thread(pid, pid, "qemu-system-x86", f"{scope}/emulator" if cgroups else "/")

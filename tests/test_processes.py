@@ -68,7 +68,7 @@ def qemu_process(fake, pid, argv, vcpus, layout="/machine/qemu-9-{name}.libvirt-
     """A QEMU process; libvirt's layout (emulator, vcpuN) unless ``layout`` ends in ``.scope``
     (Proxmox VE: every thread in the scope)."""
     name = parse(argv).name
-    fake.write(f"/proc/{pid}/cmdline", b"\0".join(a.encode() for a in argv) + b"\0")
+    fake.process(pid, argv)
     scope = layout.format(name=name)
     own = not scope.endswith(".scope")
     fake.thread(pid, pid, "kvm", f"{scope}/emulator" if own else scope)
@@ -89,7 +89,7 @@ def test_the_process_source_finds_guests_no_host_libvirtd_runs(fake, fs):
     fake.write("/proc/400/root/run/libvirt/qemu/default_vmi-fedora.xml",
                '<domstatus state="running"><domain type="kvm"><name>default_vmi-fedora</name><metadata>'
                '<cosched:policy xmlns:cosched="urn:cosched:libvirt:1" name="relaxed"/></metadata></domain></domstatus>')
-    facts = ProcessSource(fs).domains()
+    facts = ProcessSource(fs, trust=fake.trust).domains()
     assert sorted((f.name, f.uuid, f.pid, f.source) for f in facts) == [
         ("default_vmi-fedora", UUID[::-1], 400, "qemu"), ("hand", "qemu-pid-300", 300, "qemu"),
         ("vm8006", UUID, 200, "qemu")]
@@ -157,7 +157,7 @@ def test_a_process_guest_is_pinned_through_its_threads_and_restored(fake, fs, tm
             fake.write(f"/sys/fs/cgroup/unified/machine/qemu-9-vm{i}.libvirt-qemu/vcpu{v}/cgroup.freeze", "0")
     gang = '<domain><metadata><cosched:policy xmlns:cosched="urn:cosched:libvirt:1" name="gang" quantum-ms="200"/>' \
            '</metadata></domain>'
-    facts = [f.__class__(f.name, f.uuid, xml=gang, pid=f.pid, source=f.source) for f in ProcessSource(fs).domains()]
+    facts = [f.__class__(f.name, f.uuid, xml=gang, pid=f.pid, source=f.source) for f in ProcessSource(fs, trust=fake.trust).domains()]
     snap = build_snapshot(fs, facts, Presets.load([]), "none")
     affinity, pinner, journal = FakeAffinity(), FakePinner(), Journal(str(tmp_path / "run/journal"))
     knob = FakeSched().knob(fs)
@@ -213,7 +213,7 @@ def test_a_proxmox_guest_gets_per_vcpu_cgroups_is_frozen_per_vcpu_and_given_back
                      layout=f"/qemu.slice/{vmid}.scope")
         fake.write(f"/etc/pve/qemu-server/{vmid}.conf", "tags: cosched-gang-q200\n")
     scope_files = {str(p.relative_to(tmp_path)) for p in (tmp_path / "sys").rglob("*")}
-    source = ProcessSource(fs)
+    source = ProcessSource(fs, trust=fake.trust)
     build = lambda: build_snapshot(fs, source.domains(), Presets.load([]), "none")
     resyncs = []
     knob = FakeSched().knob(fs)
@@ -249,7 +249,7 @@ def test_a_proxmox_guest_gets_per_vcpu_cgroups_is_frozen_per_vcpu_and_given_back
 def test_qemu_s_own_vcpu_map_names_threads_that_have_no_vcpu_names(fake, fs):
     from cosched.discovery.qmp import QmpCache
     argv = PVE_ARGV[:4] + ["vm8006"] + PVE_ARGV[5:]                       # no debug-threads: no CPU n/KVM names
-    fake.write("/proc/200/cmdline", b"\0".join(a.encode() for a in argv) + b"\0")
+    fake.process(200, argv)
     fake.thread(200, 200, "kvm", "/qemu.slice/8006.scope")
     for tid in (201, 202):
         fake.thread(200, tid, "kvm", "/qemu.slice/8006.scope")
@@ -258,7 +258,7 @@ def test_qemu_s_own_vcpu_map_names_threads_that_have_no_vcpu_names(fake, fs):
     def query(path):
         asked.append(path)
         return {0: 202, 1: 201}
-    source = ProcessSource(fs, qmp=QmpCache(query))
+    source = ProcessSource(fs, qmp=QmpCache(query), trust=fake.trust)
     for _ in range(3):
         snap = build_snapshot(fs, source.domains(), Presets.load([]), "none")
     assert [(v.index, v.tid) for v in snap.domains[0].vcpus] == [(0, 202), (1, 201)]
@@ -285,5 +285,5 @@ def test_the_vm_id_comes_from_paths_or_the_scope_where_qemu_has_no_id_option(fak
     qemu_process(fake, 300, ["qemu-system-x86_64", "-name", "vm3"], {0: 301}, layout="/qemu.slice/107.scope")
     fake.write("/proc/300/cgroup", "0::/qemu.slice/107.scope\n")
     fake.write("/etc/pve/qemu-server/107.conf", "tags: cosched-relaxed\n")
-    (facts,) = ProcessSource(fs).domains()
+    (facts,) = ProcessSource(fs, trust=fake.trust).domains()
     assert (facts.uuid, facts.tags) == ("qemu-107", ("cosched-relaxed",))

@@ -113,6 +113,14 @@ class Sources:
             out += self._last.get(i, [])
         return out
 
+    def ignored(self) -> dict[str, int]:
+        """Processes a source ignored as untrusted, counted by reason."""
+        out: dict[str, int] = {}
+        for s in self.sources:
+            for reason in getattr(s, "ignored", {}).values():
+                out[reason] = out.get(reason, 0) + 1
+        return out
+
     def close(self) -> None:
         for s in self.sources:
             s.close()

@@ -5,13 +5,15 @@ libvirtd in each VM's pod; anyone can start QEMU by hand. This source finds
 them all the same way: a process whose command line runs a system emulator
 with a ``-name`` (:mod:`cosched.discovery.qemu`), that is not one of the host
 libvirtd's guests (whose pid files are in ``/run/libvirt/qemu``: the libvirt
-source reports those). Its vCPU threads are then found as for any guest
+source reports those), and that the platform started: its executable and
+its user must pass :mod:`cosched.discovery.trust`. Its vCPU threads are then found as for any guest
 (:mod:`cosched.discovery.threads`).
 
 What the guest asks for, first found wins:
 
 * the status file of the libvirtd that runs it, seen through the process's
-  own root (``/proc/PID/root/run/libvirt/qemu/NAME.xml``): a KubeVirt pod's
+  own root (``/proc/PID/root/run/libvirt/qemu/NAME.xml``, resolved inside
+  that root, at most 1 MiB: :meth:`cosched.hostfs.HostFS.read_in_root`): a KubeVirt pod's
   private libvirtd keeps the domain XML, and its ``cosched:policy``
   annotation, there (its monitor socket is libvirtd's, so its vCPU threads
   are known by name and cgroup, which libvirt always gives them);
@@ -36,6 +38,7 @@ from dataclasses import replace
 from cosched.discovery import DomainFacts
 from cosched.discovery.qemu import PVE_SCOPE, QemuCmdline, parse
 from cosched.discovery.qmp import QmpCache
+from cosched.discovery.trust import Trust, process_uids, verdict
 from cosched.hostfs import HostFS
 
 log = logging.getLogger("cosched.discovery")
@@ -63,11 +66,13 @@ class ProcessSource:
     connected = True
     last_error = None
 
-    def __init__(self, fs: HostFS, pve_dir: str = PVE_DIR, qmp: QmpCache | None = None):
+    def __init__(self, fs: HostFS, pve_dir: str = PVE_DIR, qmp: QmpCache | None = None, trust: Trust = Trust()):
         self.fs = fs
         self.pve_dir = pve_dir
         self.qmp = qmp or QmpCache()
+        self.trust = trust
         self._seen: set[int] = set()
+        self.ignored: dict[int, str] = {}      # pid -> why (a reason of cosched.discovery.trust.REASONS)
 
     def ensure_connected(self) -> bool:
         return True
@@ -85,19 +90,33 @@ class ProcessSource:
         return pids
 
     def processes(self) -> list[tuple[int, QemuCmdline]]:
-        """Every QEMU process in /proc that the host libvirtd does not run."""
+        """Every QEMU process in /proc that the host libvirtd does not run and
+        that passes the trust checks; the others are in ``ignored``, each said
+        once in the log."""
         theirs = self._libvirt_pids()
         found = []
+        ignored = {}
         for entry in self.fs.listdir("/proc"):
             if not entry.isdigit() or int(entry) in theirs:
                 continue
+            pid = int(entry)
             try:
                 raw = self.fs.read_bytes(f"/proc/{entry}/cmdline")
+                cmd = parse([a.decode(errors="replace") for a in raw.split(b"\0") if a])
+                if cmd is None:
+                    continue
+                path, st = self.fs.exe(pid)
+                uids = process_uids(self.fs.read(f"/proc/{entry}/status"))
             except OSError:
                 continue                       # gone, or a kernel thread
-            cmd = parse([a.decode(errors="replace") for a in raw.split(b"\0") if a])
-            if cmd is not None:
-                found.append((int(entry), cmd))
+            why = verdict(path, st, uids, self.trust)
+            if why is None:
+                found.append((pid, cmd))
+                continue
+            ignored[pid] = why[0]
+            if pid not in self.ignored:
+                log.warning("pid=%d name=%s action=process-ignored reason=%s: %s", pid, cmd.name, why[0], why[1])
+        self.ignored = ignored
         return found
 
     def _qmp(self, pid: int, cmd: QemuCmdline) -> tuple[tuple[int, int], ...] | None:
@@ -121,10 +140,13 @@ class ProcessSource:
         cmd = replace(cmd, vmid=self._vmid(pid, cmd))
         uuid = cmd.uuid or (f"qemu-{cmd.vmid}" if cmd.vmid else f"qemu-pid-{pid}")
         qmp = self._qmp(pid, cmd)
-        status = self.fs.read_or(f"/proc/{pid}/root{LIBVIRT_RUN}/{cmd.name}.xml")
+        try:
+            status = self.fs.read_in_root(f"/proc/{pid}/root", f"{LIBVIRT_RUN}/{cmd.name}.xml")
+        except (OSError, ValueError):
+            status = None                      # none there (not a KubeVirt pod), or not one to read
         if status is not None:
             return DomainFacts(cmd.name, uuid, xml=status, pid=pid, source="qemu", qmp=qmp)
-        conf = self.fs.read_or(f"{self.pve_dir}/{cmd.vmid}.conf") if cmd.vmid else None
+        conf = self.fs.read_or(f"{self.pve_dir}/{cmd.vmid}.conf") if cmd.vmid and cmd.vmid.isdigit() else None
         if conf is not None:
             return DomainFacts(cmd.name, uuid, pid=pid, source="qemu", tags=pve_tags(conf), qmp=qmp)
         return DomainFacts(cmd.name, uuid, pid=pid, source="qemu", qmp=qmp)
