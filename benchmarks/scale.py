@@ -106,7 +106,7 @@ def observation(total: int, per_guest: int, seconds: float, work: Path, budget: 
         (work / f"daemon-{total}-{source}").mkdir(exist_ok=True)
         daemon = DaemonProcess(work / f"daemon-{total}-{source}",
                                extra_config=f'sources = ["processes"]\npve_config_dir = "{pve}"\n'
-                                            + f'meter = "{"auto" if source == "meter" else "off"}"\n'
+                                            + synthetic.trust_config() + f'meter = "{"auto" if source == "meter" else "off"}"\n'
                                             + (f"sample_budget_pct = {budget}\n" if budget else "")).start(timeout=180)
         try:
             daemon.wait(lambda: sum(len(d["vcpus"]) for d in daemon.status()["domains"]) == vcpus, 60,

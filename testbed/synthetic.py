@@ -46,6 +46,14 @@ SOURCE = Path(__file__).resolve().parent / "workloads" / "synthetic-qemu.c"
 LAYOUTS = ("libvirt", "machine.slice")
 
 
+def trust_config(cache_dir: Path = CACHE_DIR) -> str:
+    """The daemon configuration line that lets the ``processes`` source take
+    synthetic guests for QEMU (their binary is no emulator the defaults name:
+    :mod:`cosched.discovery.trust`), beside the default emulators."""
+    from cosched.discovery.trust import EMULATORS
+    return "emulators = [" + ", ".join(f'"{g}"' for g in (*EMULATORS, f"{cache_dir}/synthetic-*")) + "]\n"
+
+
 def build(cache_dir: Path = CACHE_DIR) -> Path:
     """The compiled synthetic guest, built once per source version."""
     key = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]

@@ -39,7 +39,8 @@ def started(tmp_path):
 
 
 def daemon_for(tmp_path, pve) -> DaemonProcess:
-    return DaemonProcess(tmp_path, extra_config=f'sources = ["processes"]\npve_config_dir = "{pve}"\n')
+    return DaemonProcess(tmp_path, extra_config=f'sources = ["processes"]\npve_config_dir = "{pve}"\n'
+                                                + synthetic.trust_config())
 
 
 def state(gs):
@@ -133,7 +134,7 @@ def test_guests_coming_and_going_leak_nothing(tmp_path, pve, started, libvirtd):
                                        tags="cosched-gang-q20", workdir=tmp_path))
     before = state(started)
     daemon = DaemonProcess(tmp_path, extra_config=f'sources = ["processes"]\npve_config_dir = "{pve}"\n'
-                                                  'resync_interval_s = 0.2\n').start()
+                                                  + synthetic.trust_config() + 'resync_interval_s = 0.2\n').start()
     try:
         daemon.wait(lambda: daemon.status()["daemon"]["engine"]["switches"].get("gang", 0) > 10, 10, "rotating")
         rss = []
