@@ -84,6 +84,7 @@ class Vcpu:
     sched: str = "other"                       # "other", "fifo", "rr", ...
     priority: int = 0                          # rt priority
     frozen: bool = False                       # v2 cgroup.events says frozen
+    cgroup_shared: tuple[int, ...] = ()        # other tasks in its v2 cgroup: freezing it would stop them too
 
 
 @dataclass(frozen=True)

@@ -161,6 +161,14 @@ def test_snapshot_with_valid_invalid_and_default(fake, fs):
     assert snap.host.cgroup == "hybrid"
 
 
+def test_a_task_beside_a_vcpu_in_its_cgroup_is_seen(fake, fs):
+    fake.qemu(100, "vm1", UUID, {0: 101, 1: 102})
+    fake.write(f"{fake.cg2}/machine/qemu-1-vm1.libvirt-qemu/vcpu0/cgroup.threads", "101\n4242\n")
+    fake.write(f"{fake.cg2}/machine/qemu-1-vm1.libvirt-qemu/vcpu1/cgroup.threads", "102\n")
+    (vm1,) = build_snapshot(fs, [DomainFacts("vm1", UUID, GANG_XML)], Presets.load([]), "none").domains
+    assert [v.cgroup_shared for v in vm1.vcpus] == [(4242,), ()]
+
+
 def test_domain_whose_process_is_gone(fs):
     d = build_domain(fs, read_host(fs), DomainFacts("vm1", UUID, GANG_XML), Presets.load([]), "none")
     assert d.pid is None and d.vcpus == ()

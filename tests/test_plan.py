@@ -262,3 +262,13 @@ def test_a_hosted_guest_without_a_gang_to_protect_or_room_runs_free_and_is_not_r
     assert plan(snap(host(2), hosted("busy")), PlanConfig()) == plan(snap(host(2)), PlanConfig())
     p = plan(snap(host(2), dom("a"), dom("b"), hosted("busy")), PlanConfig(max_stall_ms=60))
     assert [m.name for m in p.cells[0].members] == ["a", "b"] and p.rejected == {}
+
+
+def test_a_vcpu_cgroup_shared_with_another_task_is_never_frozen():
+    d = dom("a")
+    d = d.__class__(**{**d.__dict__, "vcpus": (d.vcpus[0].__class__(**{**d.vcpus[0].__dict__, "cgroup_shared": (777,)}),
+                                               d.vcpus[1])})
+    p = plan(snap(host(2), d, dom("b"), hosted("c")), PlanConfig())
+    assert "a" not in [m.name for c in p.cells for m in c.members]
+    assert "vCPU 0" in p.rejected["uuid-a"] and "777" in p.rejected["uuid-a"] and "freezing it would stop them" in \
+        p.rejected["uuid-a"]

@@ -11,13 +11,13 @@ Every source hands :func:`build_snapshot` the same :class:`DomainFacts`.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cosched.annotation import AnnotationError, domain_policy, tag_policy
 from cosched.discovery.host import read_host
 from cosched.discovery.threads import Placed, find_qemu_pid, vcpu_threads
 from cosched.hostfs import HostFS
-from cosched.model import Domain, Host, Snapshot
+from cosched.model import Domain, Host, Snapshot, Vcpu
 from cosched.policy.params import ParamError
 from cosched.policy.presets import Presets
 
@@ -59,8 +59,19 @@ def build_domain(fs: HostFS, host: Host, facts: DomainFacts, presets: Presets, d
         error = str(e)
     pid = facts.pid or find_qemu_pid(fs, facts.name, facts.uuid)
     vcpus, warnings = vcpu_threads(fs, pid, host.cgroup2_mount, dict(facts.qmp or ()), placed) if pid else ((), ())
+    vcpus = tuple(_with_cgroup_mates(fs, host, v) for v in vcpus)
     return Domain(name=facts.name, uuid=facts.uuid, pid=pid, vcpus=vcpus, policy=policy, error=error,
                   warnings=warnings, source=facts.source)
+
+
+def _with_cgroup_mates(fs: HostFS, host: Host, v: Vcpu) -> Vcpu:
+    """``v`` with the other tasks of its own v2 cgroup (a kernel worker
+    placed there, say), which a freeze of that cgroup would stop too."""
+    if not host.cgroup2_mount or not v.cgroup2 or v.cgroup2 == "/":
+        return v
+    text = fs.read_or(f"{host.cgroup2_mount}{v.cgroup2}/cgroup.threads") or ""
+    others = tuple(int(t) for t in text.split() if t.isdigit() and int(t) != v.tid)
+    return replace(v, cgroup_shared=others) if others else v
 
 
 def build_snapshot(fs: HostFS, facts, presets: Presets, default_preset: str,

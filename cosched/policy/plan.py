@@ -203,11 +203,25 @@ def _stall_after(members_slots: list[int], slot: int) -> int:
     return sum(slots) - min(slots) if len(slots) > 1 else 0
 
 
-def _unfit(d: Domain, host: Host, pool: list[int]) -> str | None:
-    """Why a guest cannot be pinned one vCPU per pool CPU and frozen per vCPU (None: it can)."""
+def _unfreezable(d: Domain, host: Host) -> str | None:
+    """Why a guest's vCPUs cannot be frozen one by one (None: they can)."""
     if not all(host.freeze_file(v) for v in d.vcpus):
         return ("its vCPU threads are not (yet) in per-vCPU cgroups, which freezing needs (libvirt makes "
                 "them; for a guest found as a process cosched does)")
+    shared = [v for v in d.vcpus if v.cgroup_shared]
+    if shared:
+        v = shared[0]
+        return (f"the cgroup of its vCPU {v.index} ({v.cgroup2}) holds other tasks too (tid "
+                f"{', '.join(map(str, v.cgroup_shared))}): freezing it would stop them, and a kernel worker "
+                "there can keep the freeze from ever completing")
+    return None
+
+
+def _unfit(d: Domain, host: Host, pool: list[int]) -> str | None:
+    """Why a guest cannot be pinned one vCPU per pool CPU and frozen per vCPU (None: it can)."""
+    reason = _unfreezable(d, host)
+    if reason:
+        return reason
     if len(d.vcpus) > len(pool):
         return f"it has {len(d.vcpus)} vCPUs but the co-scheduling pool has {len(pool)} CPUs"
     return None
@@ -231,7 +245,7 @@ def _gang(domains: list[Domain], hosted: list[Domain], host: Host, pool: list[in
     if not admitted:
         return []
     for d in sorted(hosted, key=lambda d: d.name):
-        if (all(host.freeze_file(v) for v in d.vcpus) and
+        if (_unfreezable(d, host) is None and
                 _stall_after([_slot_ms(a) for a in admitted], _slot_ms(d)) <= cfg.max_stall_ms):
             admitted.append(d)
     boost = len(admitted) > 1
