@@ -45,11 +45,12 @@ re-reads it (see :meth:`cosched.daemon.Daemon.reload`); ``connect``,
 ``switcher_priority`` (integer 2-99, default 50)
     SCHED_FIFO priority of the switch loop; gang-slot boosts stay below it
     (watched boosts are SCHED_DEADLINE: above it, for at most a few ms).
-``sources`` (list of ``libvirt``, ``processes``; default ``["libvirt"]``)
+``sources`` (list of ``libvirt``, ``processes``; default ``[]``: by the host)
     where guests are found: the host's libvirtd (at ``connect``), and QEMU
     processes no host libvirtd runs (Proxmox VE, KubeVirt pods, hand-started;
-    see :mod:`cosched.discovery.processes`). A Proxmox VE host, which has no
-    libvirtd, sets ``["processes"]``.
+    see :mod:`cosched.discovery.processes`). Empty: ``["processes"]`` on a
+    Proxmox VE host (``/etc/pve``) without a libvirtd socket, else
+    ``["libvirt"]`` (:func:`cosched.discovery.host_sources`).
 ``pve_config_dir`` (string, default ``/etc/pve/qemu-server``)
     where the ``processes`` source reads a Proxmox VE guest's ``VMID.conf``
     for its ``cosched-`` tag.
@@ -90,7 +91,7 @@ class Config:
     reserved_cpus: tuple[int, ...] = ()
     max_stall_ms: int = 500
     switcher_priority: int = 50
-    sources: tuple[str, ...] = ("libvirt",)
+    sources: tuple[str, ...] = ()                  # empty: by the host (discovery.host_sources)
     pve_config_dir: str = "/etc/pve/qemu-server"
     flavor_policies: tuple[tuple[str, str], ...] = ()
     emulators: tuple[str, ...] = EMULATORS
@@ -143,7 +144,7 @@ def _check(key: str, value: object, default: object) -> object:
             raise ConfigError(f"{key}: expected absolute paths (globs allowed), got {value!r}")
         if key == "sources":
             bad = [v for v in value if v not in SOURCES]
-            if bad or not value or len(set(value)) != len(value):
+            if bad or len(set(value)) != len(value):
                 raise ConfigError(f"{key}: expected one or both of {', '.join(SOURCES)}, each once, got {value!r}")
         return tuple(value)
     if key == "meter" and value not in METER_MODES:

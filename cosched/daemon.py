@@ -52,7 +52,8 @@ class Latest:
 
 
 # Settings a running daemon cannot take over on SIGHUP: they need a restart.
-RESTART_KEYS = ("connect", "metrics_address", "state_dir", "switcher_priority", "sources", "pve_config_dir", "meter")
+RESTART_KEYS = ("connect", "metrics_address", "state_dir", "switcher_priority", "sources", "pve_config_dir", "meter",
+                "emulators", "emulator_users")
 STALL_SECONDS = 10.0      # no sample for this long: unhealthy, the watchdog is not fed
 
 
@@ -110,7 +111,7 @@ class Daemon:
         the new settings and changes only what differs. A configuration that
         does not validate is refused as a whole (logged, the running one
         kept). ``connect``, ``metrics_address``, ``state_dir``,
-        ``switcher_priority``, ``sources``, ``pve_config_dir`` and ``meter``
+        ``switcher_priority``, ``sources``, ``pve_config_dir``, ``emulators``, ``emulator_users`` and ``meter``
         need a restart: a change to them is logged and the running value kept. Command-line options still override the file.
         """
         self.notifier.reloading()

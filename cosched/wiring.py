@@ -15,7 +15,7 @@ from cosched.actuators.journal import Journal
 from cosched.actuators.pinning import LibvirtPinner
 from cosched.config import Config
 from cosched.daemon import Daemon, Latest
-from cosched.discovery import Sources
+from cosched.discovery import Sources, host_sources
 from cosched.discovery.libvirt import LibvirtSource
 from cosched.discovery.processes import ProcessSource
 from cosched.discovery.trust import Trust, user_ids
@@ -42,7 +42,9 @@ def build_daemon(config: Config, *, dry_run: bool = False, config_path: str | No
     found = {"libvirt": lambda: LibvirtSource(config.connect, wake.set),
              "processes": lambda: ProcessSource(fs, config.pve_config_dir, trust=Trust(
                  config.emulators, user_ids(config.emulator_users)))}
-    each = {name: found[name]() for name in config.sources}
+    names, why = (config.sources, "configured") if config.sources else host_sources(fs)
+    log.info("action=sources sources=%s reason=%r", ",".join(names), why)
+    each = {name: found[name]() for name in names}
     source = Sources(each.values())
     libvirt = each.get("libvirt")
     # with the meter (the sampler's, while it runs), a switcher is told of boost guests' long waits

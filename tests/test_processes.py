@@ -127,9 +127,20 @@ def test_sources_keep_the_guests_of_one_that_cannot_answer():
 
 def test_sources_are_configured_by_name():
     assert from_dict({"sources": ["processes"]}).sources == ("processes",)
-    for bad in ([], ["libvirt", "libvirt"], ["xen"]):
+    assert from_dict({"sources": []}).sources == ()                  # the host decides
+    for bad in (["libvirt", "libvirt"], ["xen"]):
         with pytest.raises(ConfigError, match="sources"):
             from_dict({"sources": bad})
+
+
+def test_a_proxmox_host_without_libvirt_finds_its_guests_as_processes(fake, fs):
+    from cosched.discovery import host_sources
+    assert host_sources(fs)[0] == ("libvirt",)
+    (fake.root / "etc/pve").mkdir(parents=True)
+    names, why = host_sources(fs)
+    assert names == ("processes",) and "Proxmox VE" in why
+    fake.write("/run/libvirt/libvirt-sock", "")                       # a Proxmox host that runs libvirtd as well
+    assert host_sources(fs)[0] == ("libvirt",)
 
 
 class FakeAffinity:

@@ -89,6 +89,19 @@ def build_snapshot(fs: HostFS, facts, presets: Presets, default_preset: str,
     return Snapshot(host=host, domains=domains, taken_at=time.monotonic(), libvirt_connected=connected)
 
 
+PVE_CLUSTER_DIR = "/etc/pve"
+LIBVIRT_SOCKET = "/run/libvirt/libvirt-sock"
+
+
+def host_sources(fs: HostFS) -> tuple[tuple[str, ...], str]:
+    """The sources of guests for a configuration that names none, and why:
+    a Proxmox VE host (``/etc/pve``) runs its guests without libvirt, and
+    has no libvirtd to be disconnected from."""
+    if fs.exists(PVE_CLUSTER_DIR) and not fs.exists(LIBVIRT_SOCKET):
+        return ("processes",), f"a Proxmox VE host ({PVE_CLUSTER_DIR}) without a libvirtd ({LIBVIRT_SOCKET})"
+    return ("libvirt",), "the default"
+
+
 class Sources:
     """Several sources as one, for the daemon: the host's libvirtd, QEMU
     processes found in /proc, or both (``sources`` in the configuration).
