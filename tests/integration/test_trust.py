@@ -81,18 +81,17 @@ def test_an_unprivileged_users_qemu_is_never_managed(libvirtd, guest_image, home
         return subprocess.Popen([argv0 or argv[0], *argv[1:]], executable=argv[0], user=nobody.pw_uid,
                                 group=nobody.pw_gid, extra_groups=[], env=env, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, start_new_session=True)
-    procs = {
-        "trusted": subprocess.Popen(qemu_argv("/usr/bin/qemu-system-x86_64", PREFIX + "trust-root", guest_image,
-                                              tmp_path / "root.console"), stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL, start_new_session=True),
-        "copy": as_nobody(qemu_argv(str(copy), PREFIX + "trust-copy", guest_image, d / "copy.console")
-                          + ["-L", "/usr/share/qemu", "-L", "/usr/share/seabios"]),
-        # a program that shows itself as QEMU: argv[0] qemu-system-x86_64, threads named CPU n/KVM
-        "spinner": as_nobody(["/usr/bin/python3", str(d / "spin.py"), "-name", f"guest={PREFIX}trust-spin"],
-                             argv0="qemu-system-x86_64"),
-    }
+    procs: dict[str, subprocess.Popen] = {}
     daemon = None
     try:
+        procs["trusted"] = subprocess.Popen(
+            qemu_argv("/usr/bin/qemu-system-x86_64", PREFIX + "trust-root", guest_image, tmp_path / "root.console"),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        procs["copy"] = as_nobody(qemu_argv(str(copy), PREFIX + "trust-copy", guest_image, d / "copy.console")
+                                  + ["-L", "/usr/share/qemu", "-L", "/usr/share/seabios"])
+        # a program that shows itself as QEMU: argv[0] qemu-system-x86_64, threads named CPU n/KVM
+        procs["spinner"] = as_nobody(["/usr/bin/python3", str(d / "spin.py"), "-name", f"guest={PREFIX}trust-spin"],
+                                     argv0="qemu-system-x86_64")
         time.sleep(2)
         for what in ("copy", "spinner"):
             assert procs[what].poll() is None, f"the user's {what} did not start"
