@@ -124,8 +124,8 @@ IDLENESS = (0.45, 0.70)     # ramps from "idles like a hand-off" to "mostly slee
 SPREAD = (0.30, 0.60)
 SPINNING = (20.0, 200.0)  # KVM: directed-yield attempts per second of vCPU run time, "a little" to "spins"
 HALTING = (0.10, 0.25)    # KVM: idleness that says the vCPUs wait for each other by halting (a hand-off)
-HOSTED_IDLENESS = IDLENESS[1]
-SLOT_STEP_MS = 10     # a none guest idling less than this gets a slot of its own beside a gang
+HOSTED_IDLENESS = IDLENESS[1]   # a busy none guest idling less than this gets a slot of its own beside a gang
+SLOT_STEP_MS = 10               # a hosted guest's slot is a multiple of this
 LADDER = ("none", "boost", "relaxed", "gang", "partial")
 
 
@@ -180,9 +180,9 @@ def scores(contention: float, idleness: float, coschedule: str = "gang", spread:
            spins: float | None = None) -> dict[str, float]:
     """Each mode's score for these (smoothed) signals; ``coschedule`` names
     the strict mode that fits the host (gang or partial), the other gets 0.9
-    of it. With KVM's counters (``spins``), a guest that neither spins nor
-    idles computes, and co-scheduling gains it nothing: ``c`` is scaled by
-    ``waits`` (the module doc)."""
+    of it. With KVM's counters (``spins``), contention counts only as far as
+    the guest spins or halts (the module doc): one that does neither computes,
+    and co-scheduling gains it nothing."""
     c = min(contention / CONTENDED, 1.0)
     if spins is not None:
         c *= max(_ramp(spins, *SPINNING), _ramp(idleness, *HALTING))
@@ -234,7 +234,7 @@ class Chooser:
         """The best-scoring allowed mode outside ``refused``; ``none`` if no other is left."""
         return _best(self.guests[uuid].scores if uuid in self.guests else {}, allow, refused)
 
-    def busy(self, uuid: str) -> bool:
+    def takes_cpus(self, uuid: str) -> bool:
         """Whether the guest competes for the host's CPUs and does not mostly
         sleep (smoothed signals): under ``none`` it would take a gang slot's CPUs."""
         ch = self.guests.get(uuid)
@@ -423,7 +423,7 @@ class Auto:
         chosen = {d.uuid: self.chooser.mode(d.uuid) for d in auto}
         modes, refused = dict(chosen), {d.uuid: {} for d in auto}
         hosted = {d.uuid: self.chooser.slot_ms(d.uuid, self._pool) for d in auto
-                  if dict(d.policy.params)["slot"] and self.chooser.busy(d.uuid)}
+                  if dict(d.policy.params)["slot"] and self.chooser.takes_cpus(d.uuid)}
         eff = _under(snap, modes, hosted)
         for _ in LADDER:                        # each round refuses one more mode to each guest it drops
             rejected = planner(eff).rejected

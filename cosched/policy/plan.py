@@ -20,8 +20,8 @@ cores before SMT siblings.
     A busy guest that ``auto`` leaves to the host scheduler would run its
     vCPUs on the CPUs a gang slot needs, so the gang's vCPUs would no longer
     run together (``docs/decisions/0001-protected-slots.md``). Where a gang
-    cell rotates, each such guest gets a slot of its own in it (``weight x
-    quantum-ms`` of the ``gang`` defaults) and is frozen in the others' slots:
+    cell rotates, each such guest gets a slot of its own in it (as long as
+    ``auto`` asks: :meth:`cosched.policy.auto.Chooser.slot_ms`) and is frozen in the others' slots:
     within its slot the host scheduler places its vCPUs, which are not
     pinned. Its mode stays ``none``. Without a gang cell, or where its slot
     would stall the cell past ``max_stall_ms``, it runs free (not frozen), and
