@@ -1,3 +1,3 @@
-from cosched.cli import main
+from cosched.entry import main
 
 raise SystemExit(main())

@@ -47,6 +47,7 @@ def _load_config(path: str | None) -> Config:
 def cmd_daemon(args) -> int:
     from dataclasses import replace
 
+    from cosched.entry import STOP
     from cosched.wiring import build_daemon
 
     logs.setup(getattr(logging, args.log_level.upper()))
@@ -62,7 +63,8 @@ def cmd_daemon(args) -> int:
         overrides["metrics_address"] = args.metrics_address
     config = replace(config, **overrides)
     try:
-        return build_daemon(config, dry_run=args.dry_run, config_path=args.config, overrides=overrides).run()
+        return build_daemon(config, dry_run=args.dry_run, config_path=args.config, overrides=overrides,
+                            stop=STOP).run()
     except RuntimeError as e:
         print(f"cosched: {e}", file=sys.stderr)
         return 1

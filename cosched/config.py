@@ -57,7 +57,7 @@ re-reads it (see :meth:`cosched.daemon.Daemon.reload`); ``connect``,
 ``emulators`` (list of path globs, default the distribution's ``qemu-system-*``, ``qemu-kvm`` and Proxmox VE's ``kvm``)
     the executables the ``processes`` source takes for QEMU; with
     ``emulator_users`` (list of user names, default ``["libvirt-qemu", "qemu"]``;
-    root always) the users it may run as (:mod:`cosched.discovery.trust`).
+    root always) the users it may run as (:mod:`cosched.trust`).
 ``flavor_policies`` (list of tables ``{flavor = GLOB, policy = PRESET}``, default ``[]``)
     OpenStack: the preset of an instance without an annotation and without a
     ``cosched:policy`` flavor extra spec, by its flavor's name (the first
@@ -68,7 +68,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 from cosched.compat import tomllib
-from cosched.discovery.trust import EMULATOR_USERS, EMULATORS
+from cosched.trust import EMULATOR_USERS, EMULATORS
 
 DEFAULT_PATH = "/etc/cosched/cosched.toml"
 

@@ -60,7 +60,8 @@ STALL_SECONDS = 10.0      # no sample for this long: unhealthy, the watchdog is 
 class Daemon:
     def __init__(self, config: Config, *, fs: HostFS, source, engine, sampler, latest: Latest,
                  wake: threading.Event, dry_run: bool = False, config_path: str | None = None,
-                 overrides: dict | None = None, notifier: Notifier | None = None, kvm=None):
+                 overrides: dict | None = None, notifier: Notifier | None = None, kvm=None,
+                 stop: threading.Event | None = None):
         self.config = config
         self.config_path = config_path
         self.overrides = dict(overrides or {})
@@ -70,7 +71,7 @@ class Daemon:
         self.presets = Presets.load(list(config.presets_dirs))
         for e in self.presets.errors:
             log.warning("action=preset-invalid error=%r", e)
-        self.stop = threading.Event()
+        self.stop = stop or threading.Event()      # set by SIGTERM/SIGINT, from the command's first lines
         self.wake = wake
         self._reload = threading.Event()
         self.latest = latest
@@ -289,6 +290,17 @@ class Daemon:
 
     # -- lifecycle ------------------------------------------------------
     def run(self) -> int:
+        """Recover what a killed predecessor left (first: it is what holds
+        guests pinned and unmanaged), then serve until SIGTERM or SIGINT. A
+        signal at any point of start-up ends the daemon in order: what was
+        recovered or written is restored, and it exits 0."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stop.set())
+        self.source.ensure_connected()   # libvirt gives back the pinning a predecessor changed
+        self.engine.recover()            # undo a crashed predecessor before anything else
+        if self.stop.is_set():
+            log.info("action=stopped-while-starting restored=%s", "all" if not self.engine.release() else "not all")
+            return 0
         host, port = self.config.metrics_host_port()
         self.control.start()
         try:
@@ -298,12 +310,9 @@ class Daemon:
             self.control.stop()
             log.error("action=metrics-listen-failed address=%s error=%r", self.config.metrics_address, e.strerror)
             return 1
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: self.stop.set())
         signal.signal(signal.SIGHUP, lambda *_: (self._reload.set(), self.wake.set()))
-        self.source.ensure_connected()
-        self.engine.recover()          # undo a crashed predecessor before anything else
-        self.resync()
+        if not self.stop.is_set():
+            self.resync()
         self.control.serve()
         threads = [
             threading.Thread(target=self._discovery_loop, name="discovery", daemon=True),

@@ -17,7 +17,7 @@ from prometheus_client.core import (
 )
 
 from cosched import __version__
-from cosched.discovery.trust import REASONS
+from cosched.trust import REASONS
 from cosched.model import Snapshot
 from cosched.sampler import DomainView
 

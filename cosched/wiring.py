@@ -18,7 +18,7 @@ from cosched.daemon import Daemon, Latest
 from cosched.discovery import Sources, host_sources
 from cosched.discovery.libvirt import LibvirtSource
 from cosched.discovery.processes import ProcessSource
-from cosched.discovery.trust import Trust, user_ids
+from cosched.trust import Trust, user_ids
 from cosched.engine import Engine
 from cosched.hostfs import HostFS, raise_open_files_limit
 from cosched.sampler import Sampler
@@ -29,7 +29,7 @@ log = logging.getLogger("cosched.wiring")
 
 
 def build_daemon(config: Config, *, dry_run: bool = False, config_path: str | None = None,
-                 overrides: dict | None = None, root: str = "/") -> Daemon:
+                 overrides: dict | None = None, root: str = "/", stop: threading.Event | None = None) -> Daemon:
     fs = HostFS(root)
     try:
         before, after = raise_open_files_limit()     # for this process and the switcher it starts
@@ -69,4 +69,4 @@ def build_daemon(config: Config, *, dry_run: bool = False, config_path: str | No
     sampler.meter_error = None if meter is not None else why
     kvm = KvmStats(fs, libvirt.vcpu_stats if libvirt else None)
     return Daemon(config, fs=fs, source=source, engine=engine, sampler=sampler, latest=latest, wake=wake,
-                  dry_run=dry_run, config_path=config_path, overrides=overrides, kvm=kvm)
+                  dry_run=dry_run, config_path=config_path, overrides=overrides, kvm=kvm, stop=stop)

@@ -49,8 +49,8 @@ LAYOUTS = ("libvirt", "machine.slice")
 def trust_config(cache_dir: Path = CACHE_DIR) -> str:
     """The daemon configuration line that lets the ``processes`` source take
     synthetic guests for QEMU (their binary is no emulator the defaults name:
-    :mod:`cosched.discovery.trust`), beside the default emulators."""
-    from cosched.discovery.trust import EMULATORS
+    :mod:`cosched.trust`), beside the default emulators."""
+    from cosched.trust import EMULATORS
     return "emulators = [" + ", ".join(f'"{g}"' for g in (*EMULATORS, f"{cache_dir}/synthetic-*")) + "]\n"
 
 

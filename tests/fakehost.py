@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from cosched.discovery.trust import Trust
+from cosched.trust import Trust
 from cosched.hostfs import HostFS
 
 HYBRID_MOUNTINFO = """\

@@ -97,7 +97,7 @@ def test_wheel_has_package_presets_and_script(tmp_path):
     for preset in ("none", "gang", "partial", "boost", "relaxed", "auto"):
         assert f"cosched/policies/{preset}.toml" in names
     entry = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "cosched = cosched.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
+    assert "cosched = cosched.entry:main" in zipfile.ZipFile(wheel).read(entry).decode()
     assert any(n.endswith(".dist-info/LICENSE") or "licenses/LICENSE" in n for n in names)
     # installed under any prefix, the package finds its own presets
     prefix = tmp_path / "prefix"

@@ -5,7 +5,7 @@ import stat
 import pytest
 
 from cosched.discovery.processes import ProcessSource
-from cosched.discovery.trust import Trust, process_uids, verdict
+from cosched.trust import Trust, process_uids, verdict
 from cosched.metrics import CoschedCollector
 
 ARGV = ["/usr/bin/qemu-system-x86_64", "-name", "guest=vm,debug-threads=on", "-uuid", "u-1"]

@@ -6,7 +6,7 @@ them all the same way: a process whose command line runs a system emulator
 with a ``-name`` (:mod:`cosched.discovery.qemu`), that is not one of the host
 libvirtd's guests (whose pid files are in ``/run/libvirt/qemu``: the libvirt
 source reports those), and that the platform started: its executable and
-its user must pass :mod:`cosched.discovery.trust`. Its vCPU threads are then found as for any guest
+its user must pass :mod:`cosched.trust`. Its vCPU threads are then found as for any guest
 (:mod:`cosched.discovery.threads`).
 
 What the guest asks for, first found wins:
@@ -38,7 +38,7 @@ from dataclasses import replace
 from cosched.discovery import DomainFacts
 from cosched.discovery.qemu import PVE_SCOPE, QemuCmdline, parse
 from cosched.discovery.qmp import QmpCache
-from cosched.discovery.trust import Trust, process_uids, verdict
+from cosched.trust import Trust, process_uids, verdict
 from cosched.hostfs import HostFS
 
 log = logging.getLogger("cosched.discovery")
@@ -72,7 +72,7 @@ class ProcessSource:
         self.qmp = qmp or QmpCache()
         self.trust = trust
         self._seen: set[int] = set()
-        self.ignored: dict[int, str] = {}      # pid -> why (a reason of cosched.discovery.trust.REASONS)
+        self.ignored: dict[int, str] = {}      # pid -> why (a reason of cosched.trust.REASONS)
 
     def ensure_connected(self) -> bool:
         return True
