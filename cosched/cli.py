@@ -170,6 +170,9 @@ def cmd_status(args) -> int:
 
 def render_explain(e: dict) -> str:
     """A human view of ``cosched explain``: evidence, scores, decision."""
+    if e.get("left_alone"):
+        return (f"domain {e['domain']}: mode none, left alone (policy {e.get('policy')})\n"
+                f"  why: {e['left_alone']}")
     lines = [f"domain {e['domain']}: mode {e['mode']} (auto, allowed: {', '.join(e['allow'])})",
              f"  decision: {e['reason']}"]
     for mode, reason in (e.get("refused") or {}).items():

@@ -197,7 +197,8 @@ class Daemon:
         out = {}
         for d in snap.domains if snap else ():
             mode = plan.mode_of(d.uuid)
-            if mode is None and d.policy is not None and d.policy.kind == "auto" and d.uuid not in plan.rejected:
+            if mode is None and d.uuid in plan.left_alone or (
+                    mode is None and d.policy is not None and d.policy.kind == "auto" and d.uuid not in plan.rejected):
                 mode = "none"
             if mode is not None:
                 out[d.uuid] = mode
@@ -208,6 +209,9 @@ class Daemon:
         d = self.snapshot.domain(name) if self.snapshot else None
         if d is None:
             return {"error": f"no domain named {name!r} is running"}
+        if d.uuid in self.engine.plan.left_alone:
+            return {"domain": name, "mode": "none", "left_alone": self.engine.plan.left_alone[d.uuid],
+                    "policy": d.policy.preset if d.policy else None}
         if d.policy is None or d.policy.kind != "auto":
             return {"error": f"domain {name} is not under auto (policy {d.policy.preset if d.policy else 'invalid'})"}
         got = self.auto.explain(d.uuid)

@@ -88,6 +88,16 @@ class Vcpu:
 
 
 @dataclass(frozen=True)
+class CpuTune:
+    """What the platform decided about a guest's CPUs: each pinned vCPU's
+    CPUs (``<vcpupin>``, ``<vcpu cpuset>``) and its realtime vCPUs
+    (``<vcpusched>`` fifo or rr)."""
+
+    pins: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    realtime: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class Domain:
     name: str
     uuid: str
@@ -97,6 +107,7 @@ class Domain:
     error: str | None = None                   # why the domain is not managed
     warnings: tuple[str, ...] = ()
     source: str = "libvirt"                    # "libvirt": the host's libvirtd runs it; "qemu": found in /proc
+    cputune: CpuTune = CpuTune()               # the platform's CPU decisions (libvirt's domain XML)
 
 
 @dataclass(frozen=True)

@@ -115,6 +115,7 @@ def document(snap: Snapshot | None, views: Mapping, plan: Plan, stats, live: Map
             "mode": modes.get(d.uuid),
             "cell": cell.id if cell else None,
             "hosted": cell is not None and plan.member(d.uuid).hosted,
+            "left_alone": plan.left_alone.get(d.uuid),
             "warnings": list(d.warnings),
             "vcpus": [{
                 "index": vc.index,

@@ -73,14 +73,14 @@ def annotation(preset: str | None, **params) -> str:
 def domain_xml(name: str, *, vcpus: int = 2, max_vcpus: int | None = None, memory_mib: int = 96,
                workload: str = "barrier",
                policy: str = "", image: GuestImage | None = None, console_log: Path | None = None,
-               template: str = "tiny.xml") -> str:
+               template: str = "tiny.xml", cputune: str = "") -> str:
     image = image or build()
     text = (TEMPLATES / template).read_text()
     return Template(text).substitute(
         name=name, type=domain_type(), vcpus=vcpus, max_vcpus=max(max_vcpus or vcpus, vcpus), memory_mib=memory_mib,
         kernel=image.kernel, initrd=image.initrd,
         console_log=console_log or CONSOLE_DIR / f"{name}.log",
-        workload=workload, annotation=policy,
+        workload=workload, annotation=policy, cputune=cputune,
     )
 
 

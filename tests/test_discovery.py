@@ -172,3 +172,16 @@ def test_a_task_beside_a_vcpu_in_its_cgroup_is_seen(fake, fs):
 def test_domain_whose_process_is_gone(fs):
     d = build_domain(fs, read_host(fs), DomainFacts("vm1", UUID, GANG_XML), Presets.load([]), "none")
     assert d.pid is None and d.vcpus == ()
+
+
+def test_the_platform_s_cpu_decisions_are_read_from_the_domain_xml():
+    from cosched.discovery.cputune import parse_cputune
+    from cosched.model import CpuTune
+    nova = ("<domain><vcpu placement='static' cpuset='0-3'>2</vcpu><cputune><vcpupin vcpu='0' cpuset='2'/>"
+            "<vcpupin vcpu='1' cpuset='3'/><emulatorpin cpuset='0-1'/></cputune></domain>")
+    assert parse_cputune(nova, 2) == CpuTune(pins=((0, (2,)), (1, (3,))))
+    rt = ("<domstatus><domain><vcpu cpuset='1-3,^2'>2</vcpu><cputune><vcpusched vcpus='0-1' scheduler='fifo' "
+          "priority='1'/></cputune></domain></domstatus>")
+    assert parse_cputune(rt, 2) == CpuTune(pins=((0, (1, 3)), (1, (1, 3))), realtime=(0, 1))
+    assert parse_cputune("<domain><cputune><vcpusched vcpus='0' scheduler='other'/></cputune></domain>", 2) == CpuTune()
+    assert parse_cputune("<domain", 2) == CpuTune()

@@ -272,3 +272,40 @@ def test_a_vcpu_cgroup_shared_with_another_task_is_never_frozen():
     assert "a" not in [m.name for c in p.cells for m in c.members]
     assert "vCPU 0" in p.rejected["uuid-a"] and "777" in p.rejected["uuid-a"] and "freezing it would stop them" in \
         p.rejected["uuid-a"]
+
+
+def tuned(d, pins=(), realtime=()):
+    """``d`` with the platform's CPU decisions (libvirt's <cputune>)."""
+    from cosched.model import CpuTune
+    return d.__class__(**{**d.__dict__, "cputune": CpuTune(tuple(pins), tuple(realtime))})
+
+
+def test_a_guest_on_dedicated_cpus_is_left_alone_and_its_cpus_leave_the_pool():
+    p = plan(snap(host(4), tuned(dom("nova", kind="gang"), [(0, (2,)), (1, (3,))]), dom("a"), dom("b")), PlanConfig())
+    assert "uuid-nova" not in {m.uuid for c in p.cells for m in c.members}
+    assert p.left_alone["uuid-nova"].startswith("dedicated CPUs") and "vCPU 0 on 2" in p.left_alone["uuid-nova"]
+    assert p.mode_of("uuid-nova") is None and p.rejected == {}
+    assert {v.cpu for c in p.cells for m in c.members for v in m.vcpus} == {0, 1}     # 2 and 3 are the guest's
+
+
+def test_a_guest_with_realtime_vcpus_is_never_frozen_pinned_or_boosted():
+    p = plan(snap(host(2), tuned(dom("rt", kind="boost"), realtime=(0,)), dom("a"), dom("b")), PlanConfig())
+    assert "uuid-rt" not in {m.uuid for c in p.cells for m in c.members}
+    assert "realtime vCPUs" in p.left_alone["uuid-rt"]
+
+
+def test_a_guest_confined_to_some_cpus_is_never_pinned_outside_them():
+    p = plan(snap(host(4), tuned(dom("c"), [(0, (0, 1)), (1, (0, 1))]), dom("a"), hosted("h")), PlanConfig())
+    assert "pinned to CPU 0,1 by the platform" in p.rejected["uuid-c"] and "never pins" in p.rejected["uuid-c"]
+    assert "uuid-c" not in {m.uuid for c in p.cells for m in c.members}
+    # a pin that spans the pool changes nothing
+    p = plan(snap(host(2), tuned(dom("c"), [(0, (0, 1))]), dom("a")), PlanConfig())
+    assert "uuid-c" in {m.uuid for c in p.cells for m in c.members}
+
+
+def test_cosched_s_own_pins_are_not_taken_for_the_platform_s():
+    # the live XML of a gang guest cosched pinned says one CPU per vCPU; the journal says it was free
+    pinned = tuned(dom("a"), [(0, (0,)), (1, (1,))])
+    assert "uuid-a" in plan(snap(host(2), pinned, dom("b")), PlanConfig()).left_alone
+    p = plan(snap(host(2), pinned, dom("b")), PlanConfig(platform_pins={"uuid-a": ((0, (0, 1)), (1, (0, 1)))}))
+    assert p.left_alone == {} and p.mode_of("uuid-a") == "gang"

@@ -17,7 +17,8 @@ from cosched.annotation import AnnotationError, domain_policy, tag_policy
 from cosched.discovery.host import read_host
 from cosched.discovery.threads import Placed, find_qemu_pid, vcpu_threads
 from cosched.hostfs import HostFS
-from cosched.model import Domain, Host, Snapshot, Vcpu
+from cosched.discovery.cputune import parse_cputune
+from cosched.model import CpuTune, Domain, Host, Snapshot, Vcpu
 from cosched.policy.params import ParamError
 from cosched.policy.presets import Presets
 
@@ -60,8 +61,9 @@ def build_domain(fs: HostFS, host: Host, facts: DomainFacts, presets: Presets, d
     pid = facts.pid or find_qemu_pid(fs, facts.name, facts.uuid)
     vcpus, warnings = vcpu_threads(fs, pid, host.cgroup2_mount, dict(facts.qmp or ()), placed) if pid else ((), ())
     vcpus = tuple(_with_cgroup_mates(fs, host, v) for v in vcpus)
+    cputune = parse_cputune(facts.xml, len(vcpus)) if facts.xml else CpuTune()
     return Domain(name=facts.name, uuid=facts.uuid, pid=pid, vcpus=vcpus, policy=policy, error=error,
-                  warnings=warnings, source=facts.source)
+                  warnings=warnings, source=facts.source, cputune=cputune)
 
 
 def _with_cgroup_mates(fs: HostFS, host: Host, v: Vcpu) -> Vcpu:

@@ -146,7 +146,18 @@ class Engine:
     # -- planning -------------------------------------------------------
     def plan_config(self, snap: Snapshot) -> PlanConfig:
         return PlanConfig(reserved_cpus=self.reserved_cpus, max_stall_ms=self.max_stall_ms,
-                          switcher_priority=self.switcher_priority, rt_budget_us=self._rt_budget(snap))
+                          switcher_priority=self.switcher_priority, rt_budget_us=self._rt_budget(snap),
+                          platform_pins=self._platform_pins())
+
+    def _platform_pins(self) -> dict[str, tuple[tuple[int, tuple[int, ...]], ...]]:
+        """The pinning the platform gave each guest whose live pinning is
+        cosched's: the originals the journal holds (libvirt's live XML shows
+        cosched's own pins, which must not pass for the platform's)."""
+        out: dict[str, dict[int, tuple[int, ...]]] = {}
+        for e in self.journal.entries.values():
+            if e.get("kind") == "pin":
+                out.setdefault(e["uuid"], {})[e["vcpu"]] = tuple(i for i, on in enumerate(e["cpumap"]) if on)
+        return {uuid: tuple(sorted(p.items())) for uuid, p in out.items()}
 
     def _rt_budget(self, snap: Snapshot) -> int | None:
         """RT runtime the vCPU groups may share: the root's, less what other top groups hold."""
@@ -185,6 +196,10 @@ class Engine:
                 if self.plan.rejected.get(uuid) != reason:
                     d = next((d for d in snap.domains if d.uuid == uuid), None)
                     log.warning("domain=%s action=rejected reason=%r", d.name if d else uuid, reason)
+            for uuid, reason in new.left_alone.items():
+                if self.plan.left_alone.get(uuid) != reason:
+                    d = next((d for d in snap.domains if d.uuid == uuid), None)
+                    log.warning("domain=%s action=left-alone reason=%r", d.name if d else uuid, reason)
             old_notes = {c.id: c.note for c in self.plan.cells}
             for c in new.cells:
                 if c.note and old_notes.get(c.id) != c.note:

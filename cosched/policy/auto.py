@@ -446,6 +446,10 @@ class Auto:
                 why = f"the planner can take {new} again"
             changes.append((d.name, old, new, why))
         final = planner(eff)
+        for d in auto:                          # the platform's decisions leave it alone: nothing to choose
+            if d.uuid in final.left_alone and modes[d.uuid] != "none":
+                refused[d.uuid][modes[d.uuid]] = final.left_alone[d.uuid]
+                modes[d.uuid] = "none"
         self.hosted = {u: w for u, w in hosted.items() if modes[u] == "none" and final.cell_of(u) is not None}
         if self.hosted != hosted:                # no gang cell to join, or no room in it: free
             eff = _under(snap, modes, self.hosted)

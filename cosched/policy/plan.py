@@ -47,6 +47,19 @@ cores before SMT siblings.
     ``reserved_cpus`` nothing may be boosted, and a ``boost`` guest is
     rejected rather than polled for nothing.
 
+What the platform decided about a guest's CPUs (:class:`~cosched.model.CpuTune`,
+with the originals of any pinning cosched itself set: ``platform_pins``) is an
+input, never overwritten:
+
+* a guest whose vCPUs each have a CPU of their own (dedicated placement, as
+  nova's ``hw:cpu_policy=dedicated``) or that has realtime vCPUs
+  (``<vcpusched>`` fifo or rr) is left alone (mode ``none``, with the
+  reason): never frozen, pinned or boosted, whatever its annotation asks;
+  the CPUs such guests are pinned to leave the co-scheduling pool;
+* a guest whose vCPUs are pinned to CPU sets that do not each hold the whole
+  pool is never pinned by cosched (``gang``, ``partial``, ``relaxed``): it is
+  rejected under those, with the reason, rather than pinned outside its set.
+
 Safety rules enforced here, before anything touches the host:
 
 * a freeze cell never keeps a guest frozen longer than ``max_stall_ms``: a
@@ -83,6 +96,8 @@ class PlanConfig:
     switcher_priority: int = 50
     rt_budget_us: int | None = None      # None: no RT group scheduling, no limit
     rt_period_us: int = 1_000_000
+    # uuid -> the platform's pins of each vCPU, for guests whose live pins are cosched's own (the journal's originals)
+    platform_pins: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -135,6 +150,7 @@ class Cell:
 class Plan:
     cells: tuple[Cell, ...] = ()
     rejected: dict[str, str] = field(default_factory=dict)      # uuid -> reason
+    left_alone: dict[str, str] = field(default_factory=dict)    # uuid -> why the platform's decisions leave it alone
     max_boosted: int = 0                 # watched vCPUs boosted at once, at most
 
     def cell_of(self, uuid: str) -> Cell | None:
@@ -366,17 +382,59 @@ def _lone_relaxed(cells: list[Cell]) -> list[Cell]:
             if c.mode == FREEZE and len(c.members) == 1 else c for c in cells]
 
 
+def _pins(d: Domain, host: Host, cfg: PlanConfig) -> dict[int, tuple[int, ...]]:
+    """The platform's pins of each pinned vCPU (a pin to every host CPU is none)."""
+    pins = dict(cfg.platform_pins.get(d.uuid, d.cputune.pins))
+    return {i: c for i, c in pins.items() if set(c) != set(host.cpus)}
+
+
+def _left_alone(d: Domain, pins: dict[int, tuple[int, ...]]) -> tuple[str, tuple[int, ...]] | None:
+    """Why the platform's decisions leave a guest alone, and the CPUs it holds (None: they do not)."""
+    if d.cputune.realtime:
+        held = tuple(sorted({c for i in d.cputune.realtime for c in pins.get(i, ())}))
+        return (f"realtime vCPUs: vCPU {', '.join(map(str, d.cputune.realtime))} under vcpusched fifo/rr; "
+                "never frozen, pinned or boosted"), held
+    own = [pins.get(v.index, ()) for v in d.vcpus]
+    if own and all(len(c) == 1 for c in own) and len({c[0] for c in own}) == len(own):
+        return ("dedicated CPUs: each vCPU pinned to a CPU of its own (" +
+                ", ".join(f"vCPU {v.index} on {c[0]}" for v, c in zip(d.vcpus, own)) +
+                "); nothing to co-schedule"), tuple(sorted(c[0] for c in own))
+    return None
+
+
 def plan(snapshot: Snapshot, cfg: PlanConfig) -> Plan:
     """The plan for every managed guest in ``snapshot``."""
     host = snapshot.host
-    pool = pool_order(host, cfg.reserved_cpus)
     by_kind: dict[str, list[Domain]] = {"gang": [], "partial": [], BOOST: [], RELAXED: [], HOSTED: []}
+    left_alone: dict[str, str] = {}
+    held: set[int] = set()
+    pins: dict[str, dict[int, tuple[int, ...]]] = {}
     for d in snapshot.domains:
+        pins[d.uuid] = _pins(d, host, cfg)
+        alone = _left_alone(d, pins[d.uuid])
+        if alone is not None:
+            held.update(alone[1])
+            if d.policy is not None and d.error is None and d.policy.kind != "none":
+                left_alone[d.uuid] = alone[0]
+            continue
         # a guest without vCPU threads is starting or stopping: nothing to plan yet
         if d.policy is not None and d.error is None and d.policy.kind in by_kind and d.vcpus:
             by_kind[d.policy.kind].append(d)
+    pool = pool_order(host, tuple(sorted(set(cfg.reserved_cpus) | held)))
     rejected: dict[str, str] = {}
+    for kind in ("gang", "partial", RELAXED, HOSTED):     # the kinds cosched pins: never outside the platform's sets
+        keep = []
+        for d in by_kind[kind]:
+            narrow = {i: c for i, c in pins[d.uuid].items() if not set(pool) <= set(c)}
+            if not narrow:
+                keep.append(d)
+            elif kind != HOSTED:
+                i, c = next(iter(sorted(narrow.items())))
+                rejected[d.uuid] = (f"not managed: its vCPU {i} is pinned to CPU {','.join(map(str, c))} by the "
+                                    f"platform, and {kind} pins across the pool ({','.join(map(str, pool))}): "
+                                    "cosched never pins a guest outside its CPUs")
+        by_kind[kind] = keep
     cells = (_gang(by_kind["gang"], by_kind[HOSTED], host, pool, cfg, rejected)
              + _packed("partial", by_kind["partial"], host, pool, cfg, rejected))
     watched = _watched(by_kind[BOOST] + by_kind[RELAXED], host, pool, rejected)
-    return Plan(tuple(_lone_relaxed(_rt_budgets(cells + watched, cfg))), rejected, max_boosted=len(pool))
+    return Plan(tuple(_lone_relaxed(_rt_budgets(cells + watched, cfg))), rejected, left_alone, max_boosted=len(pool))

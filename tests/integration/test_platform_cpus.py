@@ -1,0 +1,80 @@
+"""The platform's CPU decisions are inputs: a guest on a dedicated CPU is left alone.
+
+A 1-vCPU guest pinned by its domain XML to CPU 1 (``<cputune><vcpupin>``, as
+nova writes it for ``hw:cpu_policy=dedicated``) and annotated ``gang`` runs
+beside two 2-vCPU guests annotated ``gang``. cosched leaves the pinned guest
+alone (mode none, the reason in status, explain and the log), takes CPU 1 out
+of its pool (so the two gang guests no longer fit it and are not managed),
+and never freezes, re-pins or boosts the pinned guest; its pinning is what
+the platform set, before, during, and after ``cosched reset``.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import libvirt
+import pytest
+
+from testbed import guests
+
+from .conftest import PREFIX, DaemonProcess
+
+DEDICATED = PREFIX + "cpus-dedicated"
+GANG = [PREFIX + "cpus-gang-a", PREFIX + "cpus-gang-b"]
+
+
+@pytest.fixture(scope="module")
+def trio(libvirtd, guest_image):
+    started = []
+    with guests.paused(started):
+        started.append(guests.start(DEDICATED, vcpus=1, workload="ep", image=guest_image,
+                                    policy=guests.annotation("gang"),
+                                    cputune="<cputune><vcpupin vcpu='0' cpuset='1'/></cputune>"))
+        started[-1].wait_for("cosched-result")
+    for name in GANG:
+        with guests.paused(started):
+            started.append(guests.start(name, workload="barrier", image=guest_image, policy=guests.annotation("gang")))
+            started[-1].wait_for("cosched-result")
+    yield started
+    for g in started:
+        g.destroy()
+
+
+def state() -> tuple:
+    dom = guests.connection().lookupByName(DEDICATED)
+    (cg,) = guests.vcpu_cgroups(DEDICATED)["v2"]
+    (tid,) = guests.vcpu_threads(DEDICATED)
+    return (tuple(map(tuple, dom.vcpuPinInfo(libvirt.VIR_DOMAIN_AFFECT_LIVE))), open(f"{cg}/cgroup.freeze").read().strip(),
+            os.sched_getscheduler(tid))
+
+
+def test_a_guest_on_a_dedicated_cpu_is_left_alone_and_its_cpu_leaves_the_pool(trio, tmp_path):
+    before = state()
+    assert before[0] == ((False, True),), before
+    daemon = DaemonProcess(tmp_path).start()
+    try:
+        daemon.wait(lambda: (daemon.domain(DEDICATED) or {}).get("left_alone"), 10, "the pinned guest left alone")
+        seen = set()
+        end = time.monotonic() + 4
+        while time.monotonic() < end:
+            seen.add(state())
+            time.sleep(0.05)
+        status = {d["name"]: d for d in daemon.status()["domains"]}
+        explain = subprocess.run([sys.executable, "-m", "cosched", "explain", DEDICATED, "--config",
+                                  str(daemon.config)], capture_output=True, text=True)
+        log = daemon.log.read_text()
+    finally:
+        assert daemon.stop() == 0
+    assert seen == {before}, seen                         # never re-pinned, frozen or boosted
+    ded = status[DEDICATED]
+    assert ded["mode"] == "none" and ded["left_alone"].startswith("dedicated CPUs") and not ded["managed"]
+    for name in GANG:                                    # CPU 1 left the pool: a 2-vCPU gang no longer fits
+        assert not status[name]["managed"] and "the co-scheduling pool has 1 CPUs" in status[name]["error"], status[name]
+    assert explain.returncode == 0 and "left alone" in explain.stdout and "dedicated CPUs" in explain.stdout
+    assert f"domain={DEDICATED} action=left-alone reason='dedicated CPUs" in log
+    subprocess.run([sys.executable, "-m", "cosched", "reset", "--config", str(daemon.config)], check=True,
+                   capture_output=True)
+    assert state() == before
