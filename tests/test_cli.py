@@ -38,7 +38,7 @@ def test_validate_every_template_and_missing_file(tmp_path, capsys):
         for policy, code in ((annotation("gang", quantum_ms=20), 0), (annotation("gang", quantum_ms="x"), 1)):
             xml = Template(path.read_text()).substitute(
                 name="vm", type="qemu", vcpus=2, max_vcpus=2, memory_mib=96, kernel="/k", initrd="/i",
-                console_log="/c", workload="idle", annotation=policy)
+                console_log="/c", workload="idle", annotation=policy, cputune="")
             rendered = tmp_path / path.name
             rendered.write_text(xml)
             assert main(["validate", str(rendered)]) == code, (path.name, policy)
