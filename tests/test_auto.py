@@ -366,3 +366,16 @@ def test_a_hosted_slot_gives_the_busy_vcpus_a_gang_guests_cpu_time(busy, pool, s
     ch = Chooser()
     ch.guests["g"] = Choice(busy=busy)
     assert ch.slot_ms("g", pool) == slot
+
+
+def test_a_guest_the_platform_gave_dedicated_cpus_is_left_to_none_with_the_reason():
+    from cosched.model import CpuTune
+    snap, auto = busy_guests(2)
+    pinned = replace(snap.domains[0], cputune=CpuTune(pins=((0, (0,)), (1, (1,)))))
+    snap = replace(snap, domains=(pinned, snap.domains[1]))
+    eff, changes = auto.settle(snap, lambda s: plan(s, PlanConfig()))
+    assert auto.chooser.mode("u0") == "gang" and auto.mode("u0") == "none"
+    assert "dedicated CPUs" in auto.explain("u0")["refused"]["gang"]
+    assert changes == [] and [d.policy.kind for d in eff.domains] == ["none", "none"]
+    # g0 holds both CPUs of this host: none is left for g1 to be co-scheduled on
+    assert "the co-scheduling pool has 0 CPUs" in auto.explain("u1")["refused"]["gang"]

@@ -414,7 +414,8 @@ class Auto:
 
         ``planner`` maps a snapshot to a plan (its ``rejected``: uuid to
         reason); a guest it rejects under a chosen mode drops to the best
-        remaining allowed mode, and the planner is asked again. A busy guest
+        remaining allowed mode, and the planner is asked again; one it leaves
+        alone (the platform's CPU decisions) runs under ``none``. A busy guest
         left to ``none`` is hosted (the module doc): the planner gives it a
         slot of its own where a gang cell rotates."""
         if snap is None:
@@ -426,14 +427,23 @@ class Auto:
                   if dict(d.policy.params)["slot"] and self.chooser.takes_cpus(d.uuid)}
         eff = _under(snap, modes, hosted)
         for _ in LADDER:                        # each round refuses one more mode to each guest it drops
-            rejected = planner(eff).rejected
-            dropped = [d for d in auto if modes[d.uuid] != "none" and d.uuid in rejected]
+            final = planner(eff)
+            dropped = [d for d in auto if modes[d.uuid] != "none" and d.uuid in final.rejected]
             if not dropped:
                 break
             for d in dropped:
-                refused[d.uuid][modes[d.uuid]] = rejected[d.uuid]
+                refused[d.uuid][modes[d.uuid]] = final.rejected[d.uuid]
                 modes[d.uuid] = self.chooser.next_best(d.uuid, dict(d.policy.params)["allow"], refused[d.uuid])
             eff = _under(snap, modes, hosted)
+        else:
+            final = planner(eff)
+        for d in auto:                          # the platform's decisions leave it alone: nothing to choose
+            if d.uuid in final.left_alone and modes[d.uuid] != "none":
+                refused[d.uuid][modes[d.uuid]] = final.left_alone[d.uuid]
+                modes[d.uuid] = "none"
+        # hosted where a gang cell took it; else free (no gang cell to join, or no room in it)
+        self.hosted = {u: w for u, w in hosted.items() if modes[u] == "none" and final.cell_of(u) is not None}
+        eff = _under(snap, modes, self.hosted)
         changes = []
         for d in auto:
             old, new, why = self.mode(d.uuid), modes[d.uuid], self._why.pop(d.uuid, None)
@@ -445,14 +455,6 @@ class Auto:
             elif why is None:
                 why = f"the planner can take {new} again"
             changes.append((d.name, old, new, why))
-        final = planner(eff)
-        for d in auto:                          # the platform's decisions leave it alone: nothing to choose
-            if d.uuid in final.left_alone and modes[d.uuid] != "none":
-                refused[d.uuid][modes[d.uuid]] = final.left_alone[d.uuid]
-                modes[d.uuid] = "none"
-        self.hosted = {u: w for u, w in hosted.items() if modes[u] == "none" and final.cell_of(u) is not None}
-        if self.hosted != hosted:                # no gang cell to join, or no room in it: free
-            eff = _under(snap, modes, self.hosted)
         self.in_force = modes
         self.refused = {u: r for u, r in refused.items() if r}
         return eff, changes
