@@ -21,6 +21,7 @@ class Host:
     cgroup2_mount: str | None                  # where the v2 tree is mounted
     cpu_v1_mount: str | None = None            # v1 cpu controller, if mounted
     rt_group_sched: bool = False               # SCHED_FIFO needs cpu.rt_runtime_us grants
+    cpuset_v1_mount: str | None = None         # v1 cpuset controller, if mounted
 
     def siblings(self, cpu: int) -> tuple[int, ...]:
         """SMT siblings of ``cpu`` (itself included)."""
@@ -54,6 +55,17 @@ class Host:
         (Linux 6.17 on; the file is missing before)."""
         return self._cgroup2_file(vcpu, "cgroup.stat.local")
 
+    def cpuset_file(self, path: str) -> str | None:
+        """Host path of the CPUs cgroup ``path`` allows its tasks (the cpuset
+        hierarchy's ``effective`` list: v1 where the cpuset controller is
+        mounted there, else v2, where the file exists only while the cpuset
+        controller is enabled for the cgroup)."""
+        if self.cpuset_v1_mount:
+            return f"{self.cpuset_v1_mount}{path.rstrip('/')}/cpuset.effective_cpus"
+        if self.cgroup2_mount:
+            return f"{self.cgroup2_mount}{path.rstrip('/')}/cpuset.cpus.effective"
+        return None
+
     def rt_chain(self, vcpu: "Vcpu") -> tuple[str, ...]:
         """``cpu.rt_runtime_us`` files a SCHED_FIFO boost of the vCPU needs, top-down
         (empty without RT group scheduling)."""
@@ -80,21 +92,26 @@ class Vcpu:
     cgroup2: str | None = None                 # v2 cgroup path of the thread
     cpu_cgroup: str | None = None              # v1 cpu controller path (RT group scheduling)
     start_time: int = 0                        # /proc stat starttime: tells a reused TID apart
-    cpus: tuple[int, ...] = ()                 # affinity
+    cpus: tuple[int, ...] = ()                 # affinity when discovery first saw the thread (the platform's)
     sched: str = "other"                       # "other", "fifo", "rr", ...
     priority: int = 0                          # rt priority
     frozen: bool = False                       # v2 cgroup.events says frozen
     cgroup_shared: tuple[int, ...] = ()        # other tasks in its v2 cgroup: freezing it would stop them too
+    cpuset_cgroup: str | None = None           # the guest's cgroup whose cpuset bounds the thread (v1 cpuset, else v2)
 
 
 @dataclass(frozen=True)
 class CpuTune:
     """What the platform decided about a guest's CPUs: each pinned vCPU's
-    CPUs (``<vcpupin>``, ``<vcpu cpuset>``) and its realtime vCPUs
-    (``<vcpusched>`` fifo or rr)."""
+    CPUs (``<vcpupin>``, ``<vcpu cpuset>``), its realtime vCPUs
+    (``<vcpusched>`` fifo or rr), its emulator threads' CPUs
+    (``<emulatorpin>``) and the CPUs its cgroup's cpuset allows (None: no
+    narrower than the host's)."""
 
     pins: tuple[tuple[int, tuple[int, ...]], ...] = ()
     realtime: tuple[int, ...] = ()
+    emulator: tuple[int, ...] | None = None
+    cgroup_cpus: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -116,6 +116,8 @@ def document(snap: Snapshot | None, views: Mapping, plan: Plan, stats, live: Map
             "cell": cell.id if cell else None,
             "hosted": cell is not None and plan.member(d.uuid).hosted,
             "left_alone": plan.left_alone.get(d.uuid),
+            "confined": {str(i): list(c) for i, c in plan.confined[d.uuid].items()} if d.uuid in plan.confined else None,
+            "emulator_cpus": list(d.cputune.emulator) if d.cputune.emulator else None,
             "warnings": list(d.warnings),
             "vcpus": [{
                 "index": vc.index,

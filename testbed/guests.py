@@ -312,3 +312,20 @@ def vcpu_cgroups(name: str) -> dict[str, list[str]]:
     if not out["v2"]:
         raise AssertionError(f"{name}: no vCPU thread in a vcpuN cgroup of the v2 tree")
     return out
+
+
+def confine(name: str, cpus: str) -> None:
+    """Narrow the running guest's cgroup cpuset to ``cpus`` under libvirt,
+    as a platform that confines a guest's cgroup does (a KubeVirt pod, a
+    restricted slice): its child cgroups first, as the v1 cpuset requires.
+    Only the v1 cpuset hierarchy is supported (hosts like these)."""
+    mount = next((line.split(" - ")[0].split()[4] for line in open("/proc/self/mountinfo")
+                  if " - cgroup " in line and "cpuset" in line.split(" - ")[1].split()[2].split(",")), None)
+    if mount is None:
+        raise RuntimeError("no v1 cpuset hierarchy here")
+    tid = next(iter(vcpu_threads(name)))
+    path = next(line.split(":", 2)[2] for line in Path(f"/proc/{tid}/cgroup").read_text().splitlines()
+                if "cpuset" in line.split(":")[1].split(","))
+    scope = Path(mount + re.sub(r"/vcpu\d+$", "", path))
+    for child in [c for c in scope.iterdir() if c.is_dir()] + [scope]:
+        (child / "cpuset.cpus").write_text(cpus)

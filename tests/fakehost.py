@@ -11,6 +11,7 @@ HYBRID_MOUNTINFO = """\
 31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
 32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
 33 31 0:30 / /sys/fs/cgroup/cpuacct rw,relatime - cgroup cgroup rw,cpuacct
+34 31 0:31 / /sys/fs/cgroup/cpuset rw,relatime - cgroup cgroup rw,cpuset
 37 31 0:34 / /sys/fs/cgroup/freezer rw,relatime - cgroup cgroup rw,freezer
 41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
 """
@@ -113,8 +114,8 @@ class FakeHost:
                cpus: str = "0-1", run_ns: int = 0, wait_ns: int = 0) -> None:
         base = f"/proc/{pid}/task/{tid}"
         self.write(f"{base}/comm", comm + "\n")
-        self.write(f"{base}/cgroup", f"1:cpu:{cgroup}\n0::{cgroup}\n")
-        self.write(f"/proc/{tid}/cgroup", f"1:cpu:{cgroup}\n0::{cgroup}\n")
+        self.write(f"{base}/cgroup", f"2:cpuset:{cgroup}\n1:cpu:{cgroup}\n0::{cgroup}\n")
+        self.write(f"/proc/{tid}/cgroup", f"2:cpuset:{cgroup}\n1:cpu:{cgroup}\n0::{cgroup}\n")
         self.stat(pid, tid, comm, policy=policy, prio=prio)
         self.write(f"{base}/status", f"Name:\t{comm}\nCpus_allowed_list:\t{cpus}\n")
         self.schedstat(pid, tid, run_ns, wait_ns)

@@ -169,6 +169,29 @@ def test_a_task_beside_a_vcpu_in_its_cgroup_is_seen(fake, fs):
     assert [v.cgroup_shared for v in vm1.vcpus] == [(4242,), ()]
 
 
+def test_a_guest_s_confinement_is_read_from_its_cgroup_cpuset_and_its_threads_first_affinity(tmp_path):
+    """The guest's cgroup (the parent of libvirt's ``vcpuN`` cgroups, whose
+    own cpusets libvirt rewrites when it pins) bounds every vCPU; each
+    thread's affinity is the one it had when first seen placed."""
+    fake = FakeHost(tmp_path, cpus=4)
+    fs = HostFS(tmp_path)
+    fake.qemu(100, "vm1", UUID, {0: 101, 1: 102})
+    fake.thread(100, 102, "CPU 1/TCG", "/machine/qemu-1-vm1.libvirt-qemu/vcpu1", cpus="1-2")
+    scope = "/sys/fs/cgroup/cpuset/machine/qemu-1-vm1.libvirt-qemu"
+    fake.write(f"{scope}/cpuset.effective_cpus", "1-3\n")
+    fake.write(f"{scope}/vcpu0/cpuset.effective_cpus", "3\n")        # libvirt's pin: not the bound
+    placed = Placed()
+    (vm1,) = build_snapshot(fs, [DomainFacts("vm1", UUID, GANG_XML)], Presets.load([]), "none", placed=placed).domains
+    assert vm1.cputune.cgroup_cpus == (1, 2, 3)
+    assert [v.cpus for v in vm1.vcpus] == [(0, 1), (1, 2)]
+    fake.thread(100, 102, "CPU 1/TCG", "/machine/qemu-1-vm1.libvirt-qemu/vcpu1", cpus="3")   # cosched's pin
+    (vm1,) = build_snapshot(fs, [DomainFacts("vm1", UUID, GANG_XML)], Presets.load([]), "none", placed=placed).domains
+    assert [v.cpus for v in vm1.vcpus] == [(0, 1), (1, 2)]
+    fake.write(f"{scope}/cpuset.effective_cpus", "0-3\n")
+    (vm1,) = build_snapshot(fs, [DomainFacts("vm1", UUID, GANG_XML)], Presets.load([]), "none", placed=placed).domains
+    assert vm1.cputune.cgroup_cpus is None
+
+
 def test_domain_whose_process_is_gone(fs):
     d = build_domain(fs, read_host(fs), DomainFacts("vm1", UUID, GANG_XML), Presets.load([]), "none")
     assert d.pid is None and d.vcpus == ()
@@ -179,7 +202,7 @@ def test_the_platform_s_cpu_decisions_are_read_from_the_domain_xml():
     from cosched.model import CpuTune
     nova = ("<domain><vcpu placement='static' cpuset='0-3'>2</vcpu><cputune><vcpupin vcpu='0' cpuset='2'/>"
             "<vcpupin vcpu='1' cpuset='3'/><emulatorpin cpuset='0-1'/></cputune></domain>")
-    assert parse_cputune(nova, 2) == CpuTune(pins=((0, (2,)), (1, (3,))))
+    assert parse_cputune(nova, 2) == CpuTune(pins=((0, (2,)), (1, (3,))), emulator=(0, 1))
     rt = ("<domstatus><domain><vcpu cpuset='1-3,^2'>2</vcpu><cputune><vcpusched vcpus='0-1' scheduler='fifo' "
           "priority='1'/></cputune></domain></domstatus>")
     assert parse_cputune(rt, 2) == CpuTune(pins=((0, (1, 3)), (1, (1, 3))), realtime=(0, 1))

@@ -666,3 +666,25 @@ def test_a_write_that_does_not_take_is_reported_and_kept(fake, fs, tmp_path):
     assert len(jr.Journal(j.path)) == 1
     fs.write = real
     assert jr.restore(j, k) == [] and fs.read("/cg/a/cpu.rt_runtime_us") == "0"
+
+
+def test_a_pin_libvirt_cannot_write_back_is_restored_to_the_cpus_the_thread_really_had():
+    """libvirt's map says every CPU, but the platform narrowed the guest's
+    cgroup cpuset under it (the thread could use CPU 1 only): libvirt then
+    refuses to write its map back, and the thread gets CPU 1 again."""
+    class Narrowed(FakePinner):
+        def pin(self, uuid, vcpu, cpumap):
+            if tuple(cpumap) == (True, True):
+                raise OSError(0, f"domain {uuid}: Unable to write to '.../vcpu{vcpu}/cpuset.cpus': Permission denied")
+            super().pin(uuid, vcpu, cpumap)
+
+    pinner = Narrowed()
+    knob = PinKnob(pinner)
+    entries = knob.record("u", "vm", {0: (1,), 1: (0, 1)})
+    assert entries["pin:u:0"]["within"] == [False, True] and "within" not in entries["pin:u:1"]
+    pinner.pin("u", 0, (False, True))
+    pinner.pin("u", 1, (True, False))
+    knob.restore(entries["pin:u:0"])
+    assert pinner.maps[("u", 0)] == (False, True) and knob.verify(entries["pin:u:0"])
+    with pytest.raises(OSError):
+        knob.restore(entries["pin:u:1"])                # nothing to fall back on: the failure stands

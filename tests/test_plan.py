@@ -294,13 +294,44 @@ def test_a_guest_with_realtime_vcpus_is_never_frozen_pinned_or_boosted():
     assert "realtime vCPUs" in p.left_alone["uuid-rt"]
 
 
-def test_a_guest_confined_to_some_cpus_is_never_pinned_outside_them():
+def confined(d, cgroup=None, affinity=None):
+    """``d`` confined by its cgroup's cpuset and its threads' first affinity (``{vCPU: CPUs}``)."""
+    from dataclasses import replace
+    vcpus = tuple(replace(v, cpus=(affinity or {}).get(v.index, ())) for v in d.vcpus)
+    return replace(d, vcpus=vcpus, cputune=replace(d.cputune, cgroup_cpus=cgroup))
+
+
+def cpus_of(p, uuid):
+    m = p.member(uuid)
+    return [v.cpu for v in m.vcpus] if m else None
+
+
+def test_a_confined_guest_is_planned_inside_its_cpus_or_not_at_all():
+    # pins, a cgroup cpuset and first affinities each confine; together they intersect
     p = plan(snap(host(4), tuned(dom("c"), [(0, (0, 1)), (1, (0, 1))]), dom("a"), hosted("h")), PlanConfig())
-    assert "pinned to CPU 0,1 by the platform" in p.rejected["uuid-c"] and "never pins" in p.rejected["uuid-c"]
-    assert "uuid-c" not in {m.uuid for c in p.cells for m in c.members}
+    assert sorted(cpus_of(p, "uuid-c")) == [0, 1] and p.mode_of("uuid-c") == "gang" and p.rejected == {}
+    p = plan(snap(host(4), confined(dom("c"), cgroup=(1, 3)), dom("a")), PlanConfig())
+    assert sorted(cpus_of(p, "uuid-c")) == [1, 3] and cpus_of(p, "uuid-a") == [0, 1]
+    # vCPU 1 may run on 2 only, vCPU 0 on 2 or 3: a placement that takes CPUs in order would fail
+    p = plan(snap(host(4), confined(dom("c"), affinity={0: (2, 3), 1: (2,)})), PlanConfig())
+    assert cpus_of(p, "uuid-c") == [3, 2]
+    # two vCPUs on one CPU do not fit: not managed, with the reason, and not mistaken for dedicated
+    p = plan(snap(host(4), confined(dom("c"), cgroup=(2,)), dom("a")), PlanConfig())
+    assert "uuid-c" not in {m.uuid for c in p.cells for m in c.members} and p.left_alone == {}
+    assert "confines it (vCPU 0 to CPU 2, vCPU 1 to CPU 2)" in p.rejected["uuid-c"]
+    assert "never pins" in p.rejected["uuid-c"]
+    # partial packs it into a cell within its CPUs; relaxed pins it there
+    p = plan(snap(host(4), dom("a", kind="partial"), confined(dom("c", kind="partial"), cgroup=(0, 1))), PlanConfig())
+    assert sorted(p.cell_of("uuid-c").cpus) == [0, 1] and sorted(cpus_of(p, "uuid-c")) == [0, 1]
+    assert sorted(p.cell_of("uuid-a").cpus) == [2, 3]
+    p = plan(snap(host(4), dom("a", kind="relaxed"), confined(dom("c", kind="relaxed"), cgroup=(0, 3))), PlanConfig())
+    assert sorted(cpus_of(p, "uuid-c")) == [0, 3]
     # a pin that spans the pool changes nothing
     p = plan(snap(host(2), tuned(dom("c"), [(0, (0, 1))]), dom("a")), PlanConfig())
     assert "uuid-c" in {m.uuid for c in p.cells for m in c.members}
+    # a 1-vCPU guest whose cgroup allows one CPU is confined, not dedicated: it takes its turns there
+    p = plan(snap(host(2), confined(dom("one", vcpus=1), cgroup=(1,)), dom("a")), PlanConfig())
+    assert cpus_of(p, "uuid-one") == [1] and p.left_alone == {}
 
 
 def test_cosched_s_own_pins_are_not_taken_for_the_platform_s():

@@ -4,7 +4,11 @@ libvirt owns the vCPU cpuset cgroups and records pinning in the live domain
 XML, so cosched pins through libvirt rather than writing cpuset files under
 it. Each managed vCPU gets one host CPU, siblings on distinct CPUs (balance
 scheduling). The journal entry (kind ``pin``) holds one vCPU's live cpumap
-before cosched's first pin; restoring pins it back.
+before cosched's first pin; restoring pins it back. Where the platform
+narrowed the guest's cgroup cpuset under libvirt (libvirt's map still says
+more CPUs than the thread could use), the entry also holds the CPUs the
+thread really had (``within``), and restoring pins those when libvirt
+cannot write its own map back.
 """
 from __future__ import annotations
 
@@ -72,11 +76,17 @@ class PinKnob:
         """The journal key of one vCPU's original pinning."""
         return f"{KIND}:{uuid}:{vcpu}"
 
-    def record(self, uuid: str, name: str) -> dict[str, dict]:
-        """Journal entries of every vCPU's live cpumap (read now)."""
-        return {self.key(uuid, index): {"kind": KIND, "uuid": uuid, "name": name, "vcpu": index,
-                                        "cpumap": list(cpumap)}
-                for index, cpumap in enumerate(self._pinner().current(uuid))}
+    def record(self, uuid: str, name: str, within: dict[int, tuple[int, ...]] | None = None) -> dict[str, dict]:
+        """Journal entries of every vCPU's live cpumap (read now); ``within``:
+        the CPUs each vCPU's thread may use, as discovery first saw them."""
+        out = {}
+        for index, cpumap in enumerate(self._pinner().current(uuid)):
+            entry = {"kind": KIND, "uuid": uuid, "name": name, "vcpu": index, "cpumap": list(cpumap)}
+            real = (within or {}).get(index)
+            if real and {i for i, on in enumerate(cpumap) if on} - set(real):
+                entry["within"] = list(cpumap_for(real, len(cpumap)))
+            out[self.key(uuid, index)] = entry
+        return out
 
     def _pinner(self):
         if self.pinner is None:
@@ -84,11 +94,17 @@ class PinKnob:
         return self.pinner
 
     def restore(self, entry: dict) -> None:
-        self._pinner().pin(entry["uuid"], entry["vcpu"], entry["cpumap"])
+        try:
+            self._pinner().pin(entry["uuid"], entry["vcpu"], entry["cpumap"])
+        except OSError:
+            if "within" not in entry:
+                raise
+            self._pinner().pin(entry["uuid"], entry["vcpu"], entry["within"])
 
     def verify(self, entry: dict) -> bool:
         try:
             current = self._pinner().current(entry["uuid"])
         except Gone:
             return True
-        return entry["vcpu"] >= len(current) or list(current[entry["vcpu"]]) == list(entry["cpumap"])
+        return entry["vcpu"] >= len(current) or list(current[entry["vcpu"]]) in (
+            list(entry["cpumap"]), list(entry.get("within", entry["cpumap"])))

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from cosched.annotation import AnnotationError, domain_policy, tag_policy
 from cosched.discovery.host import read_host
 from cosched.discovery.threads import Placed, find_qemu_pid, vcpu_threads
-from cosched.hostfs import HostFS
+from cosched.hostfs import HostFS, parse_cpu_list
 from cosched.discovery.cputune import parse_cputune
 from cosched.model import CpuTune, Domain, Host, Snapshot, Vcpu
 from cosched.policy.params import ParamError
@@ -62,8 +62,22 @@ def build_domain(fs: HostFS, host: Host, facts: DomainFacts, presets: Presets, d
     vcpus, warnings = vcpu_threads(fs, pid, host.cgroup2_mount, dict(facts.qmp or ()), placed) if pid else ((), ())
     vcpus = tuple(_with_cgroup_mates(fs, host, v) for v in vcpus)
     cputune = parse_cputune(facts.xml, len(vcpus)) if facts.xml else CpuTune()
+    cputune = replace(cputune, cgroup_cpus=_cgroup_cpus(fs, host, vcpus))
     return Domain(name=facts.name, uuid=facts.uuid, pid=pid, vcpus=vcpus, policy=policy, error=error,
                   warnings=warnings, source=facts.source, cputune=cputune)
+
+
+def _cgroup_cpus(fs: HostFS, host: Host, vcpus: tuple[Vcpu, ...]) -> tuple[int, ...] | None:
+    """The CPUs the cgroups bounding a guest's vCPU threads allow (a KubeVirt
+    pod's cpuset, a restricted machine slice), None when that is every
+    online CPU or cannot be read."""
+    allowed = set(host.cpus)
+    for path in {v.cpuset_cgroup for v in vcpus if v.cpuset_cgroup}:
+        file = host.cpuset_file(path)
+        text = fs.read_or(file) if file else None
+        if text and text.strip():
+            allowed &= set(parse_cpu_list(text))
+    return tuple(sorted(allowed)) if allowed != set(host.cpus) else None
 
 
 def _with_cgroup_mates(fs: HostFS, host: Host, v: Vcpu) -> Vcpu:

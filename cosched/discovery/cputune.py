@@ -3,7 +3,8 @@
 ``<vcpu cpuset="...">`` (every vCPU's default CPUs), ``<cputune>``'s
 ``<vcpupin vcpu="N" cpuset="...">`` (one vCPU's CPUs; nova writes one per
 vCPU for ``hw:cpu_policy=dedicated``) and ``<vcpusched vcpus="..."
-scheduler="fifo|rr">`` (realtime vCPUs). The planner keeps to them
+scheduler="fifo|rr">`` (realtime vCPUs) and ``<emulatorpin cpuset="...">``
+(the emulator threads' CPUs, which cosched never touches). The planner keeps to them
 (:mod:`cosched.policy.plan`).
 
 The live XML also shows the pinning cosched itself set through libvirt:
@@ -48,8 +49,11 @@ def parse_cputune(domain_xml: str, vcpus: int) -> CpuTune:
     default = _cpuset(vcpu.get("cpuset")) if vcpu is not None else None
     pins = {i: default for i in range(vcpus)} if default else {}
     realtime: set[int] = set()
+    emulator = None
     tune = root.find("cputune")
     if tune is not None:
+        pin = tune.find("emulatorpin")
+        emulator = _cpuset(pin.get("cpuset")) if pin is not None else None
         for pin in tune.findall("vcpupin"):
             index, cpus = pin.get("vcpu"), _cpuset(pin.get("cpuset"))
             if index is not None and index.isdigit() and cpus:
@@ -58,4 +62,4 @@ def parse_cputune(domain_xml: str, vcpus: int) -> CpuTune:
             if sched.get("scheduler") in ("fifo", "rr"):
                 which = _cpuset(sched.get("vcpus")) or tuple(range(vcpus))
                 realtime.update(i for i in which if i < vcpus)
-    return CpuTune(pins=tuple(sorted(pins.items())), realtime=tuple(sorted(realtime)))
+    return CpuTune(pins=tuple(sorted(pins.items())), realtime=tuple(sorted(realtime)), emulator=emulator)

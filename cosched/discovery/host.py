@@ -53,4 +53,4 @@ def read_host(fs: HostFS) -> Host:
     cpu_mount = cgroup_v1_mount(fs, "cpu")
     rt_group = cpu_mount is not None and fs.exists(f"{cpu_mount}/cpu.rt_runtime_us")
     return Host(cpus=online, core_of=core_of, node_of=node_of, cgroup=mode, cgroup2_mount=mount,
-                cpu_v1_mount=cpu_mount, rt_group_sched=rt_group)
+                cpu_v1_mount=cpu_mount, rt_group_sched=rt_group, cpuset_v1_mount=cgroup_v1_mount(fs, "cpuset"))

@@ -18,6 +18,7 @@ thread that vanishes between two reads is simply left out.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from cosched.hostfs import HostFS, parse_cpu_list
 from cosched.kernel import ProcStat, events_frozen, parse_stat, status_field
@@ -49,19 +50,30 @@ def _has_uuid(fs: HostFS, pid: int, uuid: str) -> bool:
     return any(a == b"-uuid" and i + 1 < len(args) and args[i + 1] == target for i, a in enumerate(args))
 
 
-def _cgroups(text: str) -> tuple[int | None, str | None, str | None]:
-    """(vCPU index, v2 path, v1 cpu path) from libvirt's ``vcpuN`` cgroups of one thread.
+def _cgroups(text: str) -> tuple[int | None, str | None, str | None, str | None]:
+    """(vCPU index, v2 path, v1 cpu path, bounding cpuset path) from libvirt's
+    ``vcpuN`` cgroups of one thread.
 
-    Paths are given only once libvirt has moved the thread into its own
-    ``vcpuN`` cgroup: right after QEMU starts, vCPU threads still sit in the
-    emulator's cgroup, and freezing that would stop the whole guest.
+    The v2 and cpu paths are given only once libvirt has moved the thread
+    into its own ``vcpuN`` cgroup: right after QEMU starts, vCPU threads
+    still sit in the emulator's cgroup, and freezing that would stop the
+    whole guest. The bounding cpuset is the guest's cgroup in the cpuset
+    hierarchy (v1 ``cpuset``, else v2): the parent of a ``vcpuN`` cgroup
+    (whose own cpuset libvirt rewrites when it pins the vCPU), or the
+    thread's cgroup itself.
     """
     index = None
     v2 = cpu = None
+    cpuset = v2_any = None
     for line in text.splitlines():
         hier, _, rest = line.partition(":")
         controllers, _, path = rest.partition(":")
         m = _VCPU_CG.search(path)
+        bound = (path[:m.start()] or "/") if m else path
+        if hier == "0" and controllers == "":
+            v2_any = bound
+        elif "cpuset" in controllers.split(","):
+            cpuset = bound
         if not m:
             continue
         if hier == "0" and controllers == "":
@@ -70,7 +82,7 @@ def _cgroups(text: str) -> tuple[int | None, str | None, str | None]:
             cpu = path
         if index is None or hier == "0":
             index = int(m.group(1))
-    return index, v2, cpu
+    return index, v2, cpu, cpuset or v2_any
 
 
 def thread_stat(fs: HostFS, tid: int, pid: int | None = None) -> ProcStat | None:
@@ -78,7 +90,8 @@ def thread_stat(fs: HostFS, tid: int, pid: int | None = None) -> ProcStat | None
     return parse_stat(fs.read_or(f"/proc/{pid}/task/{tid}/stat" if pid else f"/proc/{tid}/stat") or "")
 
 
-def _affinity(fs: HostFS, pid: int, tid: int) -> tuple[int, ...]:
+def affinity(fs: HostFS, pid: int, tid: int) -> tuple[int, ...]:
+    """The thread's CPU affinity now (empty if it is gone)."""
     cpus = status_field(fs.read_or(f"/proc/{pid}/task/{tid}/status"), "Cpus_allowed_list")
     return parse_cpu_list(cpus) if cpus is not None else ()
 
@@ -94,10 +107,12 @@ class Placed:
     """vCPU threads already in their own ``vcpuN`` cgroups, by (pid, tid) and
     start time: what a resync need not read again (a placed thread stays
     placed). With it a resync reads one ``stat`` per known vCPU thread instead
-    of four files; at a thousand vCPUs that is most of its cost."""
+    of five files; at a thousand vCPUs that is most of its cost. A known
+    thread keeps the affinity it had when first seen placed: the platform's,
+    before cosched pinned it."""
 
     def __init__(self):
-        self.known: dict[tuple[int, int], tuple[int, int, str | None, str | None]] = {}
+        self.known: dict[tuple[int, int], tuple[int, Vcpu]] = {}
 
     def keep(self, pids: set[int]) -> None:
         self.known = {k: v for k, v in self.known.items() if k[0] in pids}
@@ -107,8 +122,9 @@ def vcpu_threads(fs: HostFS, pid: int, cgroup2_mount: str | None, qmp: dict[int,
                  placed: Placed | None = None) -> tuple[tuple[Vcpu, ...], tuple[str, ...]]:
     """The vCPU threads of QEMU process ``pid`` sorted by index, and warnings;
     ``qmp``: QEMU's own ``{index: thread id}``, when it was asked; ``placed``:
-    what earlier calls learnt. A vCPU's affinity and frozen state are not
-    read here: they change all the time, and status reads them live."""
+    what earlier calls learnt. ``cpus`` is a vCPU's affinity when first
+    seen (the platform's: cosched pins only threads it has seen); its
+    frozen and scheduling state now are read live by status."""
     found: dict[int, Vcpu] = {}
     warnings: list[str] = []
     said = {tid: index for index, tid in (qmp or {}).items()}
@@ -121,15 +137,13 @@ def vcpu_threads(fs: HostFS, pid: int, cgroup2_mount: str | None, qmp: dict[int,
             continue                                  # exited while we looked
         known = placed.known.get((pid, tid)) if placed is not None else None
         if known is not None and known[0] == stat.start_time:
-            _, index, v2, cpu_cg = known
-            if index not in found:
-                found[index] = Vcpu(index=index, tid=tid, cgroup2=v2, cpu_cgroup=cpu_cg, start_time=stat.start_time,
-                                    sched=stat.policy, priority=stat.rt_priority)
+            if known[1].index not in found:
+                found[known[1].index] = replace(known[1], sched=stat.policy, priority=stat.rt_priority)
             continue
         comm = (fs.read_or(f"/proc/{pid}/task/{tid}/comm") or "").strip()
         m = _COMM.match(comm)
         name_index = int(m.group(1)) if m else None
-        cg_index, v2, cpu_cg = _cgroups(fs.read_or(f"/proc/{pid}/task/{tid}/cgroup") or "")
+        cg_index, v2, cpu_cg, cpuset = _cgroups(fs.read_or(f"/proc/{pid}/task/{tid}/cgroup") or "")
         qmp_index = said.get(tid)
         if name_index is not None and cg_index is not None and name_index != cg_index:
             warnings.append(f"tid={tid} is named {comm!r} but sits in cgroup vcpu{cg_index}; using vcpu{cg_index}")
@@ -144,10 +158,11 @@ def vcpu_threads(fs: HostFS, pid: int, cgroup2_mount: str | None, qmp: dict[int,
         if index in found:
             warnings.append(f"vcpu{index}: two threads ({found[index].tid}, {tid}); keeping {found[index].tid}")
             continue
-        if placed is not None and cg_index is not None:
-            placed.known[(pid, tid)] = (stat.start_time, index, v2, cpu_cg)
         found[index] = Vcpu(index=index, tid=tid, cgroup2=v2, cpu_cgroup=cpu_cg, start_time=stat.start_time,
-                            sched=stat.policy, priority=stat.rt_priority)
+                            cpus=affinity(fs, pid, tid), sched=stat.policy, priority=stat.rt_priority,
+                            cpuset_cgroup=cpuset)
+        if placed is not None and cg_index is not None:
+            placed.known[(pid, tid)] = (stat.start_time, found[index])
     return tuple(found[i] for i in sorted(found)), tuple(warnings)
 
 
@@ -157,7 +172,7 @@ def live_state(fs: HostFS, cgroup2_mount: str | None, vcpu: Vcpu, pid: int | Non
     what cannot be read."""
     now = frozen(fs, cgroup2_mount, vcpu.cgroup2)
     stat = thread_stat(fs, vcpu.tid, pid)
-    return {"cpus": list(_affinity(fs, pid, vcpu.tid)) if pid else list(vcpu.cpus),
+    return {"cpus": list(affinity(fs, pid, vcpu.tid)) if pid else list(vcpu.cpus),
             "frozen": vcpu.frozen if now is None else now,
             "sched": stat.policy if stat else vcpu.sched,
             "priority": stat.rt_priority if stat else vcpu.priority}

@@ -256,8 +256,8 @@ class Engine:
                                         v.index, v.tid, os.strerror(err.errno) if err.errno else str(err))
             elif d.uuid in pinned and self.pinner is not None and any(
                     PinKnob.key(d.uuid, v.index) not in known for v in d.vcpus):
-                try:
-                    entries.update(self.knobs["pin"].record(d.uuid, d.name))   # record() keeps originals already there
+                try:                # the journal's record() keeps originals already there
+                    entries.update(self.knobs["pin"].record(d.uuid, d.name, {v.index: v.cpus for v in d.vcpus}))
                 except (jr.Gone, OSError, ConnectionError) as err:
                     log.warning("domain=%s action=pin-info-failed error=%r", d.name, str(err))
         self.journal.record(entries)

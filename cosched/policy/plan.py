@@ -56,9 +56,13 @@ input, never overwritten:
   (``<vcpusched>`` fifo or rr) is left alone (mode ``none``, with the
   reason): never frozen, pinned or boosted, whatever its annotation asks;
   the CPUs such guests are pinned to leave the co-scheduling pool;
-* a guest whose vCPUs are pinned to CPU sets that do not each hold the whole
-  pool is never pinned by cosched (``gang``, ``partial``, ``relaxed``): it is
-  rejected under those, with the reason, rather than pinned outside its set.
+* a guest the platform confines to fewer CPUs (its vCPU pins, its threads'
+  affinity when first seen, its cgroup's cpuset: a Proxmox ``affinity:``, a
+  KubeVirt pod's CPUs) is planned inside them: ``gang``, ``partial`` and
+  ``relaxed`` pin each vCPU to a pool CPU it is allowed, siblings apart;
+  where its vCPUs do not fit there it is rejected with the reason (its mode
+  stays ``none``), never pinned outside its CPUs. ``boost`` and hosted
+  guests are not pinned.
 
 Safety rules enforced here, before anything touches the host:
 
@@ -151,6 +155,7 @@ class Plan:
     cells: tuple[Cell, ...] = ()
     rejected: dict[str, str] = field(default_factory=dict)      # uuid -> reason
     left_alone: dict[str, str] = field(default_factory=dict)    # uuid -> why the platform's decisions leave it alone
+    confined: dict[str, dict[int, tuple[int, ...]]] = field(default_factory=dict)  # uuid -> vCPU -> CPUs it may use
     max_boosted: int = 0                 # watched vCPUs boosted at once, at most
 
     def cell_of(self, uuid: str) -> Cell | None:
@@ -196,7 +201,8 @@ def _slot_ms(d: Domain) -> int:
     return p["weight"] * p["quantum-ms"]
 
 
-def _member(d: Domain, host: Host, cpus: tuple[int, ...], boost: bool, cfg: PlanConfig) -> Member:
+def _member(d: Domain, host: Host, cpus: list[int], boost: bool, cfg: PlanConfig) -> Member:
+    """A cell's member; ``cpus``: the CPU of each vCPU (unused for a hosted guest)."""
     if d.policy.kind == HOSTED:
         vcpus = tuple(PlannedVcpu(index=v.index, tid=v.tid, start_time=v.start_time, cpu=-1, freeze=host.freeze_file(v))
                       for v in d.vcpus)
@@ -244,12 +250,17 @@ def _unfit(d: Domain, host: Host, pool: list[int]) -> str | None:
 
 
 def _gang(domains: list[Domain], hosted: list[Domain], host: Host, pool: list[int], cfg: PlanConfig,
-          rejected: dict) -> list[Cell]:
+          allowed: dict, rejected: dict) -> list[Cell]:
     """The gang cell: its guests, then the hosted guests that fit (the rest run free)."""
     admitted: list[Domain] = []
+    where: dict[str, list[int]] = {}
     for d in sorted(domains, key=lambda d: d.name):
         reason = _unfit(d, host, pool)
         if reason is None:
+            where[d.uuid] = _place(d, allowed[d.uuid], pool)
+            if where[d.uuid] is None:
+                rejected[d.uuid] = _confined(d, allowed[d.uuid], pool, "gang cell's")
+                continue
             stall = _stall_after([_slot_ms(a) for a in admitted], _slot_ms(d))
             if stall > cfg.max_stall_ms:
                 reason = (f"the gang cell is full: admitting it would freeze guests for {stall} ms "
@@ -265,40 +276,50 @@ def _gang(domains: list[Domain], hosted: list[Domain], host: Host, pool: list[in
                 _stall_after([_slot_ms(a) for a in admitted], _slot_ms(d)) <= cfg.max_stall_ms):
             admitted.append(d)
     boost = len(admitted) > 1
-    members = tuple(_member(d, host, tuple(pool), boost and dict(d.policy.params)["boost"], cfg) for d in admitted)
+    members = tuple(_member(d, host, where.get(d.uuid, []), boost and dict(d.policy.params)["boost"], cfg)
+                    for d in admitted)
     return [Cell("gang", FREEZE, tuple(pool), members, kind="gang")]
 
 
 def _packed(kind: str, domains: list[Domain], host: Host, pool: list[int], cfg: PlanConfig,
-            rejected: dict) -> list[Cell]:
+            allowed: dict, rejected: dict) -> list[Cell]:
     cells: list[tuple[list[int], list[Domain]]] = []
     free = list(pool)
-    for d in sorted(domains, key=lambda d: (-len(d.vcpus), d.name)):
+    where: dict[str, list[int]] = {}
+    # largest first, and among equals the confined ones, whose choice of CPUs is smaller
+    for d in sorted(domains, key=lambda d: (-len(d.vcpus), not allowed[d.uuid], d.name)):
         reason = _unfit(d, host, pool)
         if reason:
             rejected[d.uuid] = f"not managed: {reason}"
             continue
         k = len(d.vcpus)
-        if len(free) >= k:
-            cells.append((free[:k], [d]))
-            free = free[k:]
+        if _place(d, allowed[d.uuid], pool) is None:
+            rejected[d.uuid] = _confined(d, allowed[d.uuid], pool, f"{kind} pool's")
             continue
-        fitting = [c for c in cells if len(c[0]) >= k and
+        fresh = _place(d, allowed[d.uuid], free)
+        if fresh is not None:
+            where[d.uuid] = fresh
+            cells.append(([c for c in free if c in fresh], [d]))
+            free = [c for c in free if c not in fresh]
+            continue
+        fitting = [c for c in cells if _place(d, allowed[d.uuid], c[0]) is not None and
                    _stall_after([_slot_ms(m) for m in c[1]], _slot_ms(d)) <= cfg.max_stall_ms]
         if not fitting:
             rejected[d.uuid] = (f"not managed: no {kind} cell of {k} CPUs has room "
                                 f"(pool {len(pool)} CPUs, max_stall_ms {cfg.max_stall_ms})")
             continue
-        min(fitting, key=lambda c: sum(_slot_ms(m) for m in c[1]))[1].append(d)
+        cell = min(fitting, key=lambda c: sum(_slot_ms(m) for m in c[1]))
+        where[d.uuid] = _place(d, allowed[d.uuid], cell[0])
+        cell[1].append(d)
     out = []
     for i, (cpus, ds) in enumerate(cells):
         boost = len(ds) > 1
-        members = tuple(_member(d, host, tuple(cpus), boost and dict(d.policy.params)["boost"], cfg) for d in ds)
+        members = tuple(_member(d, host, where[d.uuid], boost and dict(d.policy.params)["boost"], cfg) for d in ds)
         out.append(Cell(f"{kind}-{i}", FREEZE, tuple(cpus), members, kind=kind))
     return out
 
 
-def _watched(domains: list[Domain], host: Host, pool: list[int], rejected: dict) -> list[Cell]:
+def _watched(domains: list[Domain], host: Host, pool: list[int], allowed: dict, rejected: dict) -> list[Cell]:
     """One cell per guest under ``boost`` or ``relaxed``: nothing shared; relaxed pinned for balance."""
     out = []
     next_cpu, index_on = 0, {}
@@ -311,7 +332,14 @@ def _watched(domains: list[Domain], host: Host, pool: list[int], rejected: dict)
             continue
         boost_ms = p["boost-ms"] if kind == BOOST or p.get("boost") else 0
         cpus = [-1] * len(d.vcpus)
-        if kind == RELAXED:
+        if kind == RELAXED and allowed[d.uuid]:
+            placed = _place(d, allowed[d.uuid], pool[next_cpu % len(pool):] + pool[:next_cpu % len(pool)])
+            if placed is None:
+                rejected[d.uuid] = _confined(d, allowed[d.uuid], pool, "pool's")
+                continue
+            cpus = placed
+            next_cpu += len(d.vcpus)
+        elif kind == RELAXED:
             cpus = _balanced(len(d.vcpus), [pool[(next_cpu + j) % len(pool)] for j in range(len(d.vcpus))], index_on)
             next_cpu += len(d.vcpus)
         # a pinned (relaxed) vCPU cannot take SCHED_DEADLINE: its boosts are SCHED_FIFO, which RT
@@ -388,6 +416,53 @@ def _pins(d: Domain, host: Host, cfg: PlanConfig) -> dict[int, tuple[int, ...]]:
     return {i: c for i, c in pins.items() if set(c) != set(host.cpus)}
 
 
+def _allowed(d: Domain, host: Host, pins: dict[int, tuple[int, ...]]) -> dict[int, tuple[int, ...]]:
+    """The CPUs each vCPU may run on, where the platform confines it more
+    narrowly than the host's CPUs: its pin (``pins``), its thread's affinity
+    when first seen, and its cgroup's cpuset, all at once."""
+    out = {}
+    for v in d.vcpus:
+        cpus = set(host.cpus)
+        for limit in (pins.get(v.index), v.cpus, d.cputune.cgroup_cpus):
+            if limit:
+                cpus &= set(limit)
+        if cpus != set(host.cpus):
+            out[v.index] = tuple(sorted(cpus))
+    return out
+
+
+def _place(d: Domain, allowed: dict[int, tuple[int, ...]], cpus: list[int]) -> list[int] | None:
+    """A CPU of ``cpus`` for each vCPU of ``d``, siblings on distinct CPUs and
+    each within the CPUs it is allowed (``allowed``), taking ``cpus`` in
+    order where there is a choice; None when there is no such placement."""
+    owner: dict[int, int] = {}                       # CPU -> position of the vCPU placed there
+
+    def take(i: int, tried: set[int]) -> bool:      # a free CPU, else one augmenting path of a bipartite matching
+        ok = [c for c in cpus if c not in tried and (allowed.get(d.vcpus[i].index) is None or
+                                                    c in allowed[d.vcpus[i].index])]
+        for c in [c for c in ok if c not in owner] + [c for c in ok if c in owner]:
+            if c in tried:
+                continue
+            tried.add(c)
+            if c not in owner or take(owner[c], tried):
+                owner[c] = i
+                return True
+        return False
+
+    if not all(take(i, set()) for i in range(len(d.vcpus))):
+        return None
+    at = {i: c for c, i in owner.items()}
+    return [at[i] for i in range(len(d.vcpus))]
+
+
+def _confined(d: Domain, allowed: dict[int, tuple[int, ...]], cpus: list[int], kind: str) -> str:
+    """Why a confined guest cannot be placed on ``cpus``."""
+    return (f"not managed: the platform confines it ("
+            + ", ".join(f"vCPU {i} to CPU {','.join(map(str, c)) or 'none'}" for i, c in sorted(allowed.items()))
+            + f"), and its {len(d.vcpus)} vCPUs do not fit there one per CPU within the {kind} CPUs "
+            f"({','.join(map(str, cpus))}): cosched never pins a guest outside its CPUs")
+
+
 def _left_alone(d: Domain, pins: dict[int, tuple[int, ...]]) -> tuple[str, tuple[int, ...]] | None:
     """Why the platform's decisions leave a guest alone, and the CPUs it holds (None: they do not)."""
     if d.cputune.realtime:
@@ -408,33 +483,23 @@ def plan(snapshot: Snapshot, cfg: PlanConfig) -> Plan:
     by_kind: dict[str, list[Domain]] = {"gang": [], "partial": [], BOOST: [], RELAXED: [], HOSTED: []}
     left_alone: dict[str, str] = {}
     held: set[int] = set()
-    pins: dict[str, dict[int, tuple[int, ...]]] = {}
+    allowed: dict[str, dict[int, tuple[int, ...]]] = {}
     for d in snapshot.domains:
-        pins[d.uuid] = _pins(d, host, cfg)
-        alone = _left_alone(d, pins[d.uuid])
+        pins = _pins(d, host, cfg)
+        alone = _left_alone(d, pins)
         if alone is not None:
             held.update(alone[1])
             if d.policy is not None and d.error is None and d.policy.kind != "none":
                 left_alone[d.uuid] = alone[0]
             continue
+        allowed[d.uuid] = _allowed(d, host, pins)
         # a guest without vCPU threads is starting or stopping: nothing to plan yet
         if d.policy is not None and d.error is None and d.policy.kind in by_kind and d.vcpus:
             by_kind[d.policy.kind].append(d)
     pool = pool_order(host, tuple(sorted(set(cfg.reserved_cpus) | held)))
     rejected: dict[str, str] = {}
-    for kind in ("gang", "partial", RELAXED, HOSTED):     # the kinds cosched pins: never outside the platform's sets
-        keep = []
-        for d in by_kind[kind]:
-            narrow = {i: c for i, c in pins[d.uuid].items() if not set(pool) <= set(c)}
-            if not narrow:
-                keep.append(d)
-            elif kind != HOSTED:
-                i, c = next(iter(sorted(narrow.items())))
-                rejected[d.uuid] = (f"not managed: its vCPU {i} is pinned to CPU {','.join(map(str, c))} by the "
-                                    f"platform, and {kind} pins across the pool ({','.join(map(str, pool))}): "
-                                    "cosched never pins a guest outside its CPUs")
-        by_kind[kind] = keep
-    cells = (_gang(by_kind["gang"], by_kind[HOSTED], host, pool, cfg, rejected)
-             + _packed("partial", by_kind["partial"], host, pool, cfg, rejected))
-    watched = _watched(by_kind[BOOST] + by_kind[RELAXED], host, pool, rejected)
-    return Plan(tuple(_lone_relaxed(_rt_budgets(cells + watched, cfg))), rejected, left_alone, max_boosted=len(pool))
+    cells = (_gang(by_kind["gang"], by_kind[HOSTED], host, pool, cfg, allowed, rejected)
+             + _packed("partial", by_kind["partial"], host, pool, cfg, allowed, rejected))
+    watched = _watched(by_kind[BOOST] + by_kind[RELAXED], host, pool, allowed, rejected)
+    return Plan(tuple(_lone_relaxed(_rt_budgets(cells + watched, cfg))), rejected, left_alone,
+                {u: a for u, a in allowed.items() if a}, max_boosted=len(pool))

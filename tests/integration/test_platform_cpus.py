@@ -7,6 +7,12 @@ alone (mode none, the reason in status, explain and the log), takes CPU 1 out
 of its pool (so the two gang guests no longer fit it and are not managed),
 and never freezes, re-pins or boosts the pinned guest; its pinning is what
 the platform set, before, during, and after ``cosched reset``.
+
+Then a guest the platform confines without pinning it (its cgroup cpuset
+narrowed to CPU 1 under libvirt, as a KubeVirt pod's or a restricted
+slice's): a 1-vCPU ``gang`` guest so confined takes its turns in the gang
+cell on CPU 1, a 2-vCPU one does not fit there and is not managed (the
+reason in status), and neither ever runs outside CPU 1.
 """
 from __future__ import annotations
 
@@ -26,7 +32,7 @@ DEDICATED = PREFIX + "cpus-dedicated"
 GANG = [PREFIX + "cpus-gang-a", PREFIX + "cpus-gang-b"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def trio(libvirtd, guest_image):
     started = []
     with guests.paused(started):
@@ -78,3 +84,53 @@ def test_a_guest_on_a_dedicated_cpu_is_left_alone_and_its_cpu_leaves_the_pool(tr
     subprocess.run([sys.executable, "-m", "cosched", "reset", "--config", str(daemon.config)], check=True,
                    capture_output=True)
     assert state() == before
+
+
+ONE, TWO, SHARED = PREFIX + "cpus-one", PREFIX + "cpus-two", PREFIX + "cpus-shared"
+
+
+@pytest.fixture
+def confined(libvirtd, guest_image):
+    started = []
+    for name, vcpus in ((ONE, 1), (TWO, 2), (SHARED, 2)):
+        with guests.paused(started):
+            started.append(guests.start(name, vcpus=vcpus, workload="barrier", image=guest_image,
+                                        policy=guests.annotation("gang")))
+            started[-1].wait_for("cosched-result")
+    guests.confine(ONE, "1")
+    guests.confine(TWO, "1")
+    yield started
+    for g in started:
+        g.destroy()
+
+
+def outside(name: str) -> tuple:
+    """Each vCPU thread's affinity and its cgroup.freeze, read from outside."""
+    return tuple((tuple(sorted(os.sched_getaffinity(tid))), open(f"{cg}/cgroup.freeze").read().strip())
+                 for tid, cg in zip(sorted(guests.vcpu_threads(name)), guests.vcpu_cgroups(name)["v2"]))
+
+
+def test_a_guest_confined_by_its_cgroup_is_planned_inside_it_or_not_at_all(confined, tmp_path):
+    before = {name: outside(name) for name in (ONE, TWO)}
+    assert before == {ONE: (((1,), "0"),), TWO: (((1,), "0"), ((1,), "0"))}, before
+    daemon = DaemonProcess(tmp_path).start()
+    try:
+        daemon.wait(lambda: (daemon.domain(ONE) or {}).get("managed") and (daemon.domain(SHARED) or {}).get("managed")
+                    and "confines it" in ((daemon.domain(TWO) or {}).get("error") or ""), 15,
+                    "the 1-vCPU guest in the gang cell, the 2-vCPU one refused")
+        seen = {ONE: set(), TWO: set()}
+        end = time.monotonic() + 4
+        while time.monotonic() < end:
+            for name in seen:
+                seen[name].add(outside(name))
+            time.sleep(0.02)
+        status = {d["name"]: d for d in daemon.status()["domains"]}
+    finally:
+        assert daemon.stop() == 0
+    assert {a for s in seen[ONE] for a, _ in s} == {(1,)}, seen[ONE]          # never outside CPU 1
+    assert {f for s in seen[ONE] for _, f in s} == {"0", "1"}, seen[ONE]      # and taking its turns
+    assert seen[TWO] == {before[TWO]}, seen[TWO]                               # never pinned nor frozen
+    assert status[ONE]["mode"] == "gang" and status[ONE]["confined"] == {"0": [1]}, status[ONE]
+    assert status[TWO]["mode"] is None and not status[TWO]["managed"], status[TWO]
+    assert "vCPU 0 to CPU 1, vCPU 1 to CPU 1" in status[TWO]["error"] and "never pins" in status[TWO]["error"]
+    assert {name: outside(name) for name in (ONE, TWO)} == before             # the daemon's stop put it all back
