@@ -152,7 +152,17 @@ class CoschedCollector:
             buckets=s.lateness.buckets(), sum_value=s.lateness.total)
         forced = CounterMetricFamily("cosched_forced_thaws", "vCPUs thawed out of turn: held up to max_stall_ms, or left frozen by a stalled switcher")
         forced.add_metric([], s.forced_thaws)
-        yield from (switches, latency, lateness, forced)
+        stranded = CounterMetricFamily(
+            "cosched_rt_runtime_stranded_seconds",
+            "RT runtime (per cpu.rt_period_us) cosched had granted to guest cgroups that were removed while "
+            "they held it: the kernel counts it against their parent until it frees them (up to an hour)")
+        stranded.add_metric([], s.rt_stranded_us / 1e6)
+        admission = GaugeMetricFamily(
+            "cosched_deadline_admission_wrong",
+            "1 while the kernel's deadline admission total is wrong and cosched could not recount it "
+            "(SCHED_DEADLINE requests on the host are refused)")
+        admission.add_metric([], 1 if s.admission_wrong else 0)
+        yield from (switches, latency, lateness, forced, stranded, admission)
 
 
 def serve(collector: CoschedCollector, host: str, port: int):

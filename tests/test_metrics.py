@@ -41,3 +41,22 @@ def test_contract_metric_names_and_labels(fake, fs):
     assert "# TYPE cosched_domain_partial_contention_seconds_total counter" in text
     assert "# TYPE cosched_domain_skew_seconds histogram" in text
     assert "tid" not in text and "pid" not in text
+
+
+def test_host_wide_side_effects_are_metrics():
+    """RT runtime stranded in removed cgroups and a deadline admission total
+    cosched could not recount, from the switcher's reports as the engine
+    accumulates them."""
+    from cosched.engine import EngineStats
+
+    class Engine:
+        plan = None
+
+        def stats(self):
+            return EngineStats(rt_stranded_us=300_000, admission_wrong=True)
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(CoschedCollector(lambda: None, dict, Engine()))
+    text = generate_latest(registry).decode()
+    assert "cosched_rt_runtime_stranded_seconds_total 0.3" in text
+    assert "cosched_deadline_admission_wrong 1.0" in text

@@ -884,7 +884,9 @@ def test_a_guest_removed_while_holding_rt_runtime_is_named(tmp_path):
                   rt_top_us=900_000))
     shutil.rmtree(fs.path(f"{CPU}/machine/a"))             # libvirt removed it first: no exit descriptor here
     sw.apply(gang(member("b", prio=1, rt=True, rt_us=100_000), rt_top_us=900_000))
-    errors = sw.take_stats().errors
+    stats = sw.take_stats()
+    errors = stats.errors
+    assert stats.rt_stranded_us == 200_000 and sw.take_stats().rt_stranded_us == 0     # counted once
     assert any(e.startswith(f"cgroup {CPU}/machine/a was removed holding 200000 us of RT runtime") and
                f"against {CPU}/machine " in e for e in errors), errors
     assert any(e.startswith(f"cgroup {CPU}/machine/a/vcpu1 was removed holding 100000 us") for e in errors), errors
@@ -927,7 +929,9 @@ class FakeAdmission:
 
     def repair(self):
         self.repairs += 1
-        return None
+        return self.problem
+
+    problem = None
 
     def close(self):
         pass
@@ -958,13 +962,17 @@ def test_the_admission_total_is_checked_once_boosts_are_over_after_releases_or_r
     knob._released = 5 * MS                          # a straight return, released at 5 ms
     at(1)
     assert admission.repairs == 0                    # a second after the switcher started at most
+    assert sw.take_stats().admission_wrong is None  # not checked yet
     at(1000)
     assert admission.repairs == 1 and sw.settling is None   # nothing held or pending: checked at once
+    assert sw.take_stats().admission_wrong is False
     knob._released = 1600 * MS
     at(1600)
     assert admission.repairs == 1                    # once a second at most
+    admission.problem = "deadline admission total wrong (requests refused) and cannot be recounted: ..."
     at(2006)
-    assert admission.repairs == 2
+    assert admission.repairs == 2 and sw.take_stats().admission_wrong is True
+    admission.problem = None
     at(3100)
     assert admission.repairs == 2                    # nothing new since
     del sched.fail["deadline"], sched.fail["fifo"]

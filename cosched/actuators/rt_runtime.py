@@ -54,6 +54,7 @@ class RtGrants:
         self.on_error = on_error
         self.originals: dict[str, str] = {}
         self.held: dict[str, int] = {}
+        self.stranded_us = 0             # runtime held by removed cgroups against a parent still there
 
     def _write(self, path: str, value: int | str) -> None:
         """Write and check: a grant the file does not hold afterwards is an error."""
@@ -97,6 +98,8 @@ class RtGrants:
                     self.on_error(f"rt runtime restore {p}: {_reason(e)}")
                 elif held > 0:
                     group = os.path.dirname(p)
+                    if self.fs.exists(os.path.dirname(group)):    # what a removed parent held counts for it
+                        self.stranded_us += held
                     self.on_error(f"cgroup {group} was removed holding {held} us of RT runtime: the kernel "
                                   f"counts it against {os.path.dirname(group)} until it frees the group, and "
                                   f"grants there may be refused until then")

@@ -71,6 +71,8 @@ class EngineStats:
     active: dict[str, str] = field(default_factory=dict)
     boost_failed: dict[str, str] = field(default_factory=dict)
     realtime: bool | None = None
+    rt_stranded_us: int = 0              # RT runtime granted to cgroups removed while holding it
+    admission_wrong: bool = False        # the kernel's deadline admission total is wrong and was not recounted
 
 
 def stall_limit(max_stall_ms: int) -> float:
@@ -543,6 +545,9 @@ class Engine:
                 s.costops[key] = s.costops.get(key, 0) + t.costops
                 s.boosts[key] = s.boosts.get(key, 0) + t.boosts
             s.forced_thaws += msg.forced_thaws
+            s.rt_stranded_us += msg.rt_stranded_us
+            if msg.admission_wrong is not None:
+                s.admission_wrong = msg.admission_wrong
             self._released_by = max(self._released_by, msg.released_by)
             s.long_waits_held.update(msg.long_waits_held)
             s.long_waits_reported += msg.long_waits_reported

@@ -105,6 +105,8 @@ class Stats:
     boost_failed: dict[str, str] = field(default_factory=dict)  # cell -> why it runs freeze-only
     released: bool = False
     released_by: int = 0                    # CLOCK_MONOTONIC ns: its boosts' bandwidth all let go of (SchedKnob.released_by)
+    rt_stranded_us: int = 0                 # RT runtime of grants whose cgroup was removed holding it, since the last Stats
+    admission_wrong: bool | None = None     # the deadline admission total, at the last check: wrong and not recounted
     type: str = "stats"
 
 

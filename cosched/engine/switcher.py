@@ -307,6 +307,8 @@ class Switcher:
         self.vstate: dict[tuple, VState] = {}
         self.vinfo: dict[tuple, tuple[str, pr.VcpuPlan]] = {}       # key -> (domain name, vCPU plan)
         self.rt = RtGrants(fs, self._error)
+        self._stranded_told = 0
+        self.admission_wrong: bool | None = None     # None: not checked yet
         self.exits: dict[int, tuple] = {}            # exit descriptor -> key of a vCPU holding RT runtime
         self.gone: set[tuple] = set()                # vCPUs seen to exit: their guests' runtime given back
         self.freezer = Freezer(fs)
@@ -859,6 +861,7 @@ class Switcher:
         # releases still pending after SETTLE_MAX_NS are left to the next check
         self._refused, self._checked, self._last_check, self.settling = False, min(released, now), now, None
         problem = self.admission.repair()
+        self.admission_wrong = problem is not None
         if problem:
             self._error(problem)
 
@@ -893,7 +896,13 @@ class Switcher:
             forced_thaws=c.forced_thaws, long_waits_held=dict(c.held), long_waits_reported=c.reported,
             errors=tuple(c.errors),
             active={cell.id: cell.members[cell.active].uuid for cell in self.cells.values() if cell.members},
-            boost_failed=failed, released=released, released_by=self.sched.released_by())
+            boost_failed=failed, released=released, released_by=self.sched.released_by(),
+            rt_stranded_us=self._stranded(), admission_wrong=self.admission_wrong)
+
+    def _stranded(self) -> int:
+        """RT runtime stranded in removed cgroups since the last call."""
+        n, self._stranded_told = self.rt.stranded_us - self._stranded_told, self.rt.stranded_us
+        return n
 
 
 def serve(sw: Switcher, rfd: int, write: Callable[[str], None], realtime: bool,

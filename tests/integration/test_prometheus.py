@@ -148,7 +148,7 @@ def test_every_rule_evaluates_and_the_policy_error_is_pending(stack):
             break
         assert time.monotonic() < deadline, rules
         time.sleep(0.5)
-    assert len([r for r in rules if r["type"] == "alerting"]) == 11 and len(rules) == 11 + 9
+    assert len([r for r in rules if r["type"] == "alerting"]) == 13 and len(rules) == 13 + 9
     bad = {r["name"]: (r["health"], r.get("lastError")) for r in rules if r["health"] != "ok"}
     assert not bad, bad
     policy = next(r for r in rules if r["name"] == "CoschedGuestPolicyError")
@@ -158,8 +158,10 @@ def test_every_rule_evaluates_and_the_policy_error_is_pending(stack):
     assert down["alerts"] == []
     # a healthy daemon: its health series exist, with healthy values, and their alerts are quiet
     for name, value in (("cosched_libvirt_connected", "1"), ("cosched_healthy", "1"), ("cosched_preset_errors", "0"),
-                        ("cosched_switcher_realtime", "1")):
+                        ("cosched_switcher_realtime", "1"), ("cosched_deadline_admission_wrong", "0"),
+                        ("cosched_rt_runtime_stranded_seconds_total", "0")):
         result = prom.get("/api/v1/query", query=f'{name}{{instance="127.0.0.1:{d.port}"}}')["data"]["result"]
         assert [r["value"][1] for r in result] == [value], (name, result)
-    for quiet in ("CoschedLibvirtDisconnected", "CoschedUnhealthy", "CoschedPresetErrors", "CoschedSwitcherNotRealtime"):
+    for quiet in ("CoschedLibvirtDisconnected", "CoschedUnhealthy", "CoschedPresetErrors", "CoschedSwitcherNotRealtime",
+                  "CoschedDeadlineAdmissionWrong", "CoschedRtRuntimeStranded"):
         assert next(r for r in rules if r["name"] == quiet)["alerts"] == [], quiet
