@@ -1,6 +1,6 @@
 """The long form of the fault suite, and its table of figures.
 
-    python -m benchmarks.soak [--fuzz 10000] [--kills 100] [--real-cycles 50] [--cycles 1000] [--out DIR]
+    python -m benchmarks.soak [--fuzz 10000] [--kills 100] [--restarts 50] [--real-cycles 50] [--cycles 1000] [--out DIR]
     python -m benchmarks.soak --report DIR
 
 Runs, one after the other (never two VM-heavy suites at once), each test
@@ -11,7 +11,8 @@ file of the fault suite at full length:
 * ``tests/test_faults.py``: kernel errors (EBUSY, ENOENT, EPERM, EINVAL, a
   write that succeeds but does not take) injected into every actuator;
 * ``tests/integration/test_chaos.py``: ``--kills`` SIGKILLs of the daemon
-  or its switcher at random points of a rotation, a switcher stopped
+  or its switcher at random points of a rotation, ``--restarts`` restarts
+  of the killed daemon with every CPU busy (timed), a switcher stopped
   mid-rotation, ``--real-cycles`` real guests created and destroyed next to
   a rotation, libvirtd restarted under load, an annotation flapping;
 * ``tests/integration/test_synthetic.py``: ``--cycles`` synthetic guests
@@ -42,7 +43,8 @@ def parts(args) -> list[tuple[str, list[str], dict]]:
         ("fuzz", ["tests/test_fuzz.py"], {"COSCHED_FUZZ_EXAMPLES": str(args.fuzz)}),
         ("faults", ["tests/test_faults.py"], {}),
         ("chaos", ["tests/integration/test_chaos.py"],
-         {"COSCHED_KILLS": str(args.kills), "COSCHED_REAL_CYCLES": str(args.real_cycles)}),
+         {"COSCHED_KILLS": str(args.kills), "COSCHED_REAL_CYCLES": str(args.real_cycles),
+          "COSCHED_RESTARTS": str(args.restarts)}),
         ("synthetic", ["tests/integration/test_synthetic.py"], {"COSCHED_CYCLES": str(args.cycles)}),
     ]
 
@@ -74,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fuzz", type=int, default=10_000)
     ap.add_argument("--kills", type=int, default=100)
+    ap.add_argument("--restarts", type=int, default=50)
     ap.add_argument("--real-cycles", type=int, default=50)
     ap.add_argument("--cycles", type=int, default=1000)
     ap.add_argument("--parts", default="fuzz,faults,chaos,synthetic", help="which parts to run (default: all)")
