@@ -91,6 +91,8 @@ class Guest:
     _parsed: int = field(default=0, repr=False)           # console bytes already parsed
     _results: list = field(default_factory=list, repr=False)
     _live: tuple | None = field(default=None, repr=False)      # (QEMU pid, address of the counter page, magic)
+    _page: tuple | None = field(default=None, repr=False)      # (guest-physical address, magic): kept across a
+                                                               # restore, whose QEMU starts a new console file
     xml: str = field(default="", repr=False)                   # what it was started from: see wait_for
 
     @property
@@ -139,19 +141,22 @@ class Guest:
         vCPU of the guest is running. None while the guest has not said
         where they are, or when it cannot (see ``guest-init.c``).
 
-        The page's guest-physical address comes from the console; guest RAM
+        The page's guest-physical address comes from the console (the one
+        read last: a restored guest's console starts empty); guest RAM
         is QEMU's one anonymous read-write mapping of the guest's memory
         size, and low guest-physical memory lies at the same offset in it
         (x86 ``pc`` machines, guests under 3 GiB). The header's magic is
         checked on every read, so a wrong mapping or a moved page reads as
         an error, never as a count."""
         if self._live is None:
-            m = _COUNTERS.search(self.console())
-            if not m:
+            m = ([None] + list(_COUNTERS.finditer(self.console())))[-1]   # a rebooted guest's newest
+            if m:
+                self._page = (int(m.group(1), 16), int(m.group(2), 16))
+            if self._page is None:
                 return None
             pid = qemu_pid(self.name)
             size = self.dom.maxMemory() * 1024
-            gpa, magic = int(m.group(1), 16), int(m.group(2), 16)
+            gpa, magic = self._page
             for base in _anonymous_mappings(pid, size):
                 if _read_live(pid, base + gpa, magic) is not None:
                     self._live = (pid, base + gpa, magic)

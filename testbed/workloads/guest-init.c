@@ -66,6 +66,10 @@
  * buckets per power of two; bucket i < 4 holds i us, bucket i >= 4 holds
  * [(4 + i % 4) << (i / 4 - 1), (5 + i % 4) << (i / 4 - 1)) us. Only non-empty
  * buckets are printed.
+ * `poweroff_ms` or `reboot_ms` (guest monotonic time since init started):
+ * the guest then powers itself off or reboots, as its own shutdown would
+ * (prints `cosched-poweroff` or `cosched-reboot` first).
+ *
  * Init must never exit (the kernel would panic): it sleeps forever when the
  * workload is unknown.
  */
@@ -79,6 +83,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
+#include <sys/reboot.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -96,6 +101,8 @@ static long opt_data_kib = 1024;   /* exec: size of /data */  /* blocking: sleep
 static long opt_n = 128;          /* lu: matrix size */
 static long opt_b = 16;           /* lu: block size */
 static long opt_phase_ms = 20000; /* phases: length of each phase */
+static long opt_poweroff_ms;      /* power off this long after start (0: never) */
+static long opt_reboot_ms;        /* reboot this long after start (0: never) */
 static uint64_t started_ns;       /* phases: when the workload started */
 
 #define HIST_BUCKETS 136       /* up to 2^34 us */
@@ -589,6 +596,18 @@ static void live_setup(void) {
         close(fd);
 }
 
+/* Power off or reboot once the time given has passed. */
+static void *halt_thread(void *arg) {
+    (void)arg;
+    long ms = opt_poweroff_ms ? opt_poweroff_ms : opt_reboot_ms;
+    struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&t, NULL);
+    printf(opt_poweroff_ms ? "cosched-poweroff\n" : "cosched-reboot\n");
+    sync();
+    reboot(opt_poweroff_ms ? RB_POWER_OFF : RB_AUTOBOOT);
+    return NULL;
+}
+
 int main(int argc, char **argv) {
     const char *name = argc > 1 ? argv[1] : "barrier";
     const struct workload *w = NULL;
@@ -611,6 +630,8 @@ int main(int argc, char **argv) {
         else if (!strncmp(argv[i], "data_kib=", 9)) opt_data_kib = v;
         else if (!strncmp(argv[i], "b=", 2)) opt_b = v;
         else if (!strncmp(argv[i], "phase_ms=", 9)) opt_phase_ms = v > 0 ? v : opt_phase_ms;
+        else if (!strncmp(argv[i], "poweroff_ms=", 12)) opt_poweroff_ms = v;
+        else if (!strncmp(argv[i], "reboot_ms=", 10)) opt_reboot_ms = v;
     }
     for (size_t i = 0; i < sizeof workloads / sizeof *workloads; i++)
         if (!strcmp(name, workloads[i].name))
@@ -675,6 +696,8 @@ int main(int argc, char **argv) {
     next_report_ns = now_ns() + (uint64_t)opt_interval_ms * 1000000;
     for (long i = 0; i < cpus && i < MAX_THREADS; i++)
         pthread_create(&tid, NULL, reporter_thread, (void *)i);
+    if (opt_poweroff_ms > 0 || opt_reboot_ms > 0)
+        pthread_create(&tid, NULL, halt_thread, NULL);
     for (;;)
         pause();
 }
