@@ -236,7 +236,7 @@ def cmd_reset(args) -> int:
 
     With a daemon running, it asks the daemon to restore and stop managing
     (it keeps observing until restarted); without one, it replays the journal
-    itself: thread policies, cgroup files (deepest first), libvirt pinning.
+    itself: thread policies, cgroup files (deepest first), vCPU thread affinity.
     """
     config = _load_config(args.config)
     logs.setup(logging.INFO, "%(levelname)s %(name)s %(message)s")
@@ -269,7 +269,6 @@ def _reset_offline(config: Config) -> list[str]:
     from cosched.actuators import journal as jr
     from cosched.actuators import knobs
     from cosched.actuators.admission import settle
-    from cosched.actuators.pinning import LibvirtPinner
     from cosched.hostfs import HostFS
 
     if not os.path.exists(config.journal_path):
@@ -277,19 +276,9 @@ def _reset_offline(config: Config) -> list[str]:
     fs = HostFS("/")
     journal = jr.Journal(config.journal_path)
     problems = [f"journal damaged, an original may be lost: {d}" for d in journal.damage]
-    pinner = None
-    if any(e.get("kind") == "pin" for e in journal.entries.values()):
-        try:
-            import libvirt
-
-            libvirt.registerErrorHandler(lambda *_: None, None)
-            conn = libvirt.open(config.connect)
-            pinner = LibvirtPinner(lambda: conn)
-        except Exception as e:  # libvirt down: pinning stays journaled for the next try
-            print(f"cosched reset: cannot reach libvirt at {config.connect}: {e}", file=sys.stderr)
-    every = knobs(fs, pinner)
+    every = knobs(fs)
     problems += jr.restore(journal, every)
-    problem = settle(fs, every["sched"])      # pinning put back as boosts were returned: see admission
+    problem = settle(fs, every["sched"])      # boosts returned meanwhile: see admission
     return problems + ([problem] if problem else [])
 
 

@@ -1,7 +1,7 @@
 """The wiring: builds the real adapters and hands them to the daemon.
 
 The only module that chooses concrete collaborators: the sources of guests
-(the host's libvirtd, QEMU processes in /proc), the libvirt pinner, the
+(the host's libvirtd, QEMU processes in /proc), the
 engine with its switcher process, and the sampler, all on
 the host's real filesystem root. Tests build a :class:`~cosched.daemon.Daemon`
 or an :class:`~cosched.engine.Engine` from fakes instead.
@@ -12,7 +12,6 @@ import logging
 import threading
 
 from cosched.actuators.journal import Journal
-from cosched.actuators.pinning import LibvirtPinner
 from cosched.config import Config
 from cosched.daemon import Daemon, Latest
 from cosched.discovery import Sources, host_sources
@@ -48,7 +47,7 @@ def build_daemon(config: Config, *, dry_run: bool = False, config_path: str | No
     source = Sources(each.values())
     libvirt = each.get("libvirt")
     # with the meter (the sampler's, while it runs), a switcher is told of boost guests' long waits
-    engine = Engine(fs, Journal(config.journal_path), LibvirtPinner(libvirt.live_conn) if libvirt else None,
+    engine = Engine(fs, Journal(config.journal_path),
                     reserved_cpus=config.reserved_cpus, max_stall_ms=config.max_stall_ms,
                     switcher_priority=config.switcher_priority, dry_run=dry_run, resync=wake.set,
                     long_waits=lambda: sampler.meter.long_waits() if sampler.meter is not None else None)

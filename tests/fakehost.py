@@ -4,8 +4,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from cosched.trust import Trust
+from cosched.actuators.affinity import AffinityKnob
 from cosched.hostfs import HostFS
+from cosched.trust import Trust
 
 HYBRID_MOUNTINFO = """\
 31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
@@ -213,3 +214,23 @@ class ThreadSwitcher:
     @classmethod
     def factory(cls, fs, sched_knob):
         return lambda env: cls(fs, sched_knob)
+
+
+class FakeAffinity:
+    """Thread affinities, faked (no real thread is ever pinned): every
+    thread on ``cpus`` until set; ``calls`` lists each set, in order."""
+
+    def __init__(self, cpus=(0, 1)):
+        self.now: dict[int, tuple] = {}
+        self.calls: list[tuple[int, tuple]] = []
+        self.default = tuple(cpus)
+
+    def get(self, tid):
+        return self.now.get(tid, self.default)
+
+    def set(self, tid, cpus):
+        self.calls.append((tid, tuple(cpus)))
+        self.now[tid] = tuple(cpus)
+
+    def knob(self, fs):
+        return AffinityKnob(fs, get=self.get, set=self.set)

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from fakehost import FakeSched, ThreadSwitcher
+from fakehost import FakeAffinity, FakeSched, ThreadSwitcher
 
 from cosched.actuators.journal import Journal
 from cosched.actuators.sched import SchedAttr
@@ -16,20 +16,6 @@ from cosched.policy.presets import Presets
 GANG = """<domain><metadata><cosched:policy xmlns:cosched="urn:cosched:libvirt:1" name="gang" quantum-ms="200"/>
 </metadata></domain>"""
 UUIDS = ["11111111-0000-0000-0000-00000000000" + str(i) for i in range(3)]
-
-
-class FakePinner:
-    def __init__(self, cpus=2):
-        self.maps = {}
-        self.calls = []
-        self.cpus = cpus
-
-    def current(self, uuid):
-        return [self.maps.get((uuid, i), (True,) * self.cpus) for i in range(2)]
-
-    def pin(self, uuid, vcpu, cpumap):
-        self.calls.append((uuid, vcpu, tuple(cpumap)))
-        self.maps[(uuid, vcpu)] = tuple(cpumap)
 
 
 def freeze_file(fake, i, v):
@@ -46,27 +32,27 @@ def snapshot(fake, fs, n, xml=GANG):
     return build_snapshot(fs, facts, Presets.load([]), "none")
 
 
-def engine_for(fs, journal, pinner, sched=None, **kw):
+def engine_for(fs, journal, affinity, sched=None, **kw):
     knob = (sched or FakeSched()).knob(fs)
-    return Engine(fs, journal, pinner, sched=knob, switcher_factory=ThreadSwitcher.factory(fs, knob), **kw)
+    return Engine(fs, journal, sched=knob, affinity=affinity.knob(fs), switcher_factory=ThreadSwitcher.factory(fs, knob),
+                  **kw)
 
 
 def test_reconcile_journals_pins_after_the_rotation_and_restores(fake, fs, tmp_path):
     journal = Journal(str(tmp_path / "run/journal"))
-    pinner = FakePinner()
+    affinity = FakeAffinity()
     sched = FakeSched()
     sched.attrs = {101: SchedAttr("batch", nice=4)}
-    engine = engine_for(fs, journal, pinner, sched)
+    engine = engine_for(fs, journal, affinity, sched)
     try:
         plan = engine.reconcile(snapshot(fake, fs, 2))
         assert [m.name for m in plan.cells[0].members] == ["vm0", "vm1"]
         # originals journaled: freeze files, thread policies, pinning
         kinds = sorted({e["kind"] for e in journal.entries.values()})
-        assert kinds == ["freeze", "pin", "sched"]
+        assert kinds == ["affinity", "freeze", "sched"]
         assert journal.entries["sched:101:1101"]["attr"] == SchedAttr("batch", nice=4).to_json()
         # the switcher confirmed the plan, then each vCPU got its own CPU
-        assert sorted(pinner.calls) == sorted([(u, 0, (True, False)) for u in UUIDS[:2]] +
-                                              [(u, 1, (False, True)) for u in UUIDS[:2]])
+        assert sorted(affinity.calls) == [(101, (0,)), (102, (1,)), (201, (0,)), (202, (1,))]
         # the switcher runs the rotation: one guest's slot at a time (between
         # two slots both are frozen for a moment; on a loaded host the first
         # slot may already have passed)
@@ -76,21 +62,21 @@ def test_reconcile_journals_pins_after_the_rotation_and_restores(fake, fs, tmp_p
             time.sleep(0.001)
         assert ("0", "0") not in seen and any(s.count("0") == 1 for s in seen), seen
         # reconcile by difference: nothing new to pin
-        pinner.calls.clear()
+        affinity.calls.clear()
         engine.reconcile(snapshot(fake, fs, 2))
-        assert pinner.calls == []
+        assert affinity.calls == []
     finally:
         problems = engine.release()
     assert problems == []
     assert all(freeze_file(fake, i, v).read_text() == "0" for i in range(2) for v in range(2))
-    assert all(m == (True, True) for m in pinner.maps.values())
+    assert all(c == (0, 1) for c in affinity.now.values())
     assert len(journal) == 0
 
 
 def test_guest_leaving_management_is_unpinned_and_thawed(fake, fs, tmp_path):
     journal = Journal(str(tmp_path / "run/journal"))
-    pinner = FakePinner()
-    engine = engine_for(fs, journal, pinner)
+    affinity = FakeAffinity()
+    engine = engine_for(fs, journal, affinity)
     try:
         engine.reconcile(snapshot(fake, fs, 3))
         none = GANG.replace('name="gang"', 'name="none"')
@@ -98,7 +84,7 @@ def test_guest_leaving_management_is_unpinned_and_thawed(fake, fs, tmp_path):
         facts = [DomainFacts(d.name, d.uuid, none if d.name == "vm2" else GANG) for d in snap.domains]
         from cosched.discovery import build_snapshot as rebuild
         engine.reconcile(rebuild(fs, facts, Presets.load([]), "none"))
-        assert pinner.maps[(UUIDS[2], 0)] == (True, True)
+        assert affinity.get(301) == (0, 1)
         assert freeze_file(fake, 2, 0).read_text() == "0"
         assert [m.name for m in engine.plan.cells[0].members] == ["vm0", "vm1"]
     finally:
@@ -107,10 +93,10 @@ def test_guest_leaving_management_is_unpinned_and_thawed(fake, fs, tmp_path):
 
 def test_dry_run_writes_nothing(fake, fs, tmp_path):
     journal = Journal(str(tmp_path / "run/journal"))
-    pinner = FakePinner()
-    engine = engine_for(fs, journal, pinner, dry_run=True)
+    affinity = FakeAffinity()
+    engine = engine_for(fs, journal, affinity, dry_run=True)
     plan = engine.reconcile(snapshot(fake, fs, 2))
-    assert plan.cells and pinner.calls == [] and len(journal) == 0
+    assert plan.cells and affinity.calls == [] and len(journal) == 0
     assert engine._proc is None and sched_untouched(engine)
 
 
@@ -125,7 +111,7 @@ def test_a_boosted_rotation_returns_threads_to_their_recorded_attributes(fake, f
     originals = {101: SchedAttr("batch", nice=4), 102: SchedAttr("idle", nice=-2),
                  201: SchedAttr("other", nice=10), 202: SchedAttr("other")}
     sched.attrs = dict(originals)
-    engine = engine_for(fs, journal, FakePinner(), sched)
+    engine = engine_for(fs, journal, FakeAffinity(), sched)
     try:
         plan = engine.reconcile(snapshot(fake, fs, 2, xml=boost))
         assert plan.cells[0].members[0].priority > 0
@@ -149,7 +135,7 @@ def test_a_thread_whose_original_could_not_be_read_is_never_boosted(fake, fs, tm
                 raise PermissionError(1, "Operation not permitted")
             return super().get(tid)
     sched = Unreadable()
-    engine = engine_for(fs, Journal(str(tmp_path / "run/journal")), FakePinner(), sched)
+    engine = engine_for(fs, Journal(str(tmp_path / "run/journal")), FakeAffinity(), sched)
     try:
         engine.reconcile(snapshot(fake, fs, 2, xml=boost))
         assert all(tid not in (101, 102) for tid, _ in sched.calls)       # vm0 unboosted: 102 unrecorded
@@ -163,8 +149,8 @@ def test_a_dead_switcher_is_undone_and_replaced_at_once(fake, fs, tmp_path):
     asked = threading.Event()
     journal = Journal(str(tmp_path / "run/journal"))
     knob = FakeSched().knob(fs)
-    pinner = FakePinner()
-    engine = Engine(fs, journal, pinner, sched=knob, switcher_factory=ThreadSwitcher.factory(fs, knob),
+    affinity = FakeAffinity()
+    engine = Engine(fs, journal, sched=knob, affinity=affinity.knob(fs), switcher_factory=ThreadSwitcher.factory(fs, knob),
                     resync=asked.set)
     try:
         snap = snapshot(fake, fs, 2)
@@ -176,7 +162,7 @@ def test_a_dead_switcher_is_undone_and_replaced_at_once(fake, fs, tmp_path):
         first.kill()
         assert asked.wait(5), "the daemon was not asked to resync"
         assert all(freeze_file(fake, i, v).read_text() == "0" for i in range(2) for v in range(2))
-        assert all(m == (True, True) for m in pinner.maps.values())      # no pinning without a rotation
+        assert all(c == (0, 1) for c in affinity.now.values())      # no pinning without a rotation
         engine.reconcile(snap)                            # the resync it asked for
         assert engine._proc is not first and engine._proc.poll() is None
         assert sorted(freeze_file(fake, i, 0).read_text() for i in range(2)) == ["0", "1"]
@@ -192,7 +178,7 @@ def test_a_new_switcher_is_told_which_vcpus_the_daemon_returned_from_deadline_bo
     asked = threading.Event()
     sched = FakeSched()
     knob = sched.knob(fs)
-    engine = Engine(fs, Journal(str(tmp_path / "run/journal")), FakePinner(), sched=knob,
+    engine = Engine(fs, Journal(str(tmp_path / "run/journal")), affinity=FakeAffinity().knob(fs), sched=knob,
                     switcher_factory=ThreadSwitcher.factory(fs, knob), resync=asked.set)
     try:
         snap = snapshot(fake, fs, 1, xml=GANG.replace('name="gang" quantum-ms="200"', 'name="boost"'))
@@ -236,7 +222,7 @@ def test_a_new_switcher_slow_to_start_is_not_taken_for_stalled(fake, fs, tmp_pat
     def factory(env):
         made.append((SlowStart if made else ThreadSwitcher)(fs, knob))
         return made[-1]
-    engine = Engine(fs, Journal(str(tmp_path / "run/journal")), FakePinner(), sched=knob,
+    engine = Engine(fs, Journal(str(tmp_path / "run/journal")), affinity=FakeAffinity().knob(fs), sched=knob,
                     switcher_factory=factory, resync=asked.set)
     try:
         snap = snapshot(fake, fs, 2)
@@ -268,7 +254,7 @@ def test_a_silent_switcher_is_killed_and_what_it_froze_is_thawed(fake, fs, tmp_p
     asked, killed, exited = threading.Event(), threading.Event(), threading.Event()
     journal = Journal(str(tmp_path / "run/journal"))
     knob = FakeSched().knob(fs)
-    engine = Engine(fs, journal, FakePinner(), sched=knob, switcher_factory=ThreadSwitcher.factory(fs, knob),
+    engine = Engine(fs, journal, affinity=FakeAffinity().knob(fs), sched=knob, switcher_factory=ThreadSwitcher.factory(fs, knob),
                     resync=asked.set, max_stall_ms=400)
     try:
         engine.reconcile(snapshot(fake, fs, 2))
@@ -296,7 +282,7 @@ def test_a_switcher_given_work_after_a_quiet_spell_is_not_taken_for_stalled(fake
     restarts the watchdog's clock, so its first slot is not a stall."""
     journal = Journal(str(tmp_path / "run/journal"))
     knob = FakeSched().knob(fs)
-    engine = Engine(fs, journal, FakePinner(), sched=knob, switcher_factory=ThreadSwitcher.factory(fs, knob),
+    engine = Engine(fs, journal, affinity=FakeAffinity().knob(fs), sched=knob, switcher_factory=ThreadSwitcher.factory(fs, knob),
                     max_stall_ms=400)
     try:
         snap = snapshot(fake, fs, 2, xml="<domain/>")      # no policy: nothing to switch

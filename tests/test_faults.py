@@ -1,11 +1,11 @@
 """Kernel errors injected into every actuator: handled, reported, nothing stranded.
 
-Each knob in turn (cgroup freezer, RT runtime, scheduling attributes, libvirt
-pinning) fails every write with EBUSY, ENOENT, EPERM or EINVAL, or takes the
+Each knob in turn (cgroup freezer, RT runtime, scheduling attributes, thread
+affinity: pinning) fails every write with EBUSY, ENOENT, EPERM or EINVAL, or takes the
 write without effect (``ignored``: the call succeeds, the host keeps its old
 value), for the whole life of a daemon managing a boosted gang rotation: the
 engine with the real switch loop (in a thread), a fake host tree, a fake
-scheduling knob and a fake pinner. Then:
+scheduling knob and fake thread affinities. Then:
 
 * nothing raises, and the rotation goes on with what still works;
 * every refusal other than "gone" is reported, naming the guest or the file
@@ -22,9 +22,9 @@ import os
 import time
 
 import pytest
-from fakehost import CgroupEventsFS, FakeSched, ThreadSwitcher
+from fakehost import CgroupEventsFS, FakeAffinity, FakeSched, ThreadSwitcher
 from soak import record
-from test_engine import GANG, UUIDS, FakePinner, freeze_file, snapshot
+from test_engine import GANG, UUIDS, freeze_file, snapshot
 from test_switcher import CPU, Clock, gang, member, tree
 
 from cosched.actuators import journal as jr
@@ -35,7 +35,7 @@ from cosched.engine.switcher import Switcher
 
 FAULTS = {"EBUSY": errno.EBUSY, "ENOENT": errno.ENOENT, "EPERM": errno.EPERM, "EINVAL": errno.EINVAL,
           "ignored": None}
-KNOBS = ("freeze", "rt", "sched", "pin")
+KNOBS = ("freeze", "rt", "sched", "affinity")
 BOOSTED_GANG = GANG.replace('quantum-ms="200"', 'quantum-ms="100" boost="true"')
 RT_ROOT = "950000"
 
@@ -85,14 +85,14 @@ class FaultSched(FakeSched):
             super().set(tid, attr)
 
 
-class FaultPinner(FakePinner):
+class FaultAffinity(FakeAffinity):
     def __init__(self, fault: Fault):
         super().__init__()
         self.fault = fault
 
-    def pin(self, uuid, vcpu, cpumap):
-        if not self.fault.hit("pin"):
-            super().pin(uuid, vcpu, cpumap)
+    def set(self, tid, cpus):
+        if not self.fault.hit("affinity"):
+            super().set(tid, cpus)
 
 
 def rt_host(fake):
@@ -105,13 +105,13 @@ def rt_host(fake):
             fake.write(f"{path}/cpu.rt_runtime_us", "0")
 
 
-def host_state(fake, sched, pinner):
-    """Everything the knobs touch: freeze files, RT runtime files, thread attributes, pinning."""
+def host_state(fake, sched, affinity):
+    """Everything the knobs touch: freeze files, RT runtime files, thread attributes and affinities."""
     root = fake.root
     files = sorted(p for p in root.rglob("*") if p.name in ("cgroup.freeze", "cpu.rt_runtime_us"))
     return ({str(p.relative_to(root)): p.read_text().strip() for p in files},
             {tid: sched.get(tid) for tid in (101, 102, 201, 202)},
-            {u: pinner.current(u) for u in UUIDS[:2]})
+            {tid: affinity.get(tid) for tid in (101, 102, 201, 202)})
 
 
 @pytest.mark.parametrize("how", FAULTS)
@@ -119,15 +119,16 @@ def host_state(fake, sched, pinner):
 def test_a_failing_knob_is_reported_and_strands_nothing(knob, how, fake, tmp_path, caplog):
     fault = Fault(knob, how)
     fs = FaultFS(fake.root, fault)
-    sched, pinner = FaultSched(fault), FaultPinner(fault)
+    sched, affinity = FaultSched(fault), FaultAffinity(fault)
     sched.attrs = {101: SchedAttr("batch", nice=4), 202: SchedAttr("idle")}
     journal = Journal(str(tmp_path / "run/journal"))
     knob_ = sched.knob(fs)
-    engine = Engine(fs, journal, pinner, sched=knob_, switcher_factory=ThreadSwitcher.factory(fs, knob_))
+    engine = Engine(fs, journal, sched=knob_, affinity=affinity.knob(fs),
+                    switcher_factory=ThreadSwitcher.factory(fs, knob_))
     snap = snapshot(fake, fs, 2, xml=BOOSTED_GANG)
     rt_host(fake)
     snap = snapshot(fake, fs, 2, xml=BOOSTED_GANG)        # discovery again, now seeing the RT files
-    before = host_state(fake, sched, pinner)
+    before = host_state(fake, sched, affinity)
     caplog.set_level(logging.INFO)
     try:
         plan = engine.reconcile(snap)
@@ -163,7 +164,7 @@ def test_a_failing_knob_is_reported_and_strands_nothing(knob, how, fake, tmp_pat
             culprits
     fault.clear()
     undone = jr.restore(journal, engine.knobs)           # cosched reset, the fault gone
-    after = host_state(fake, sched, pinner)
+    after = host_state(fake, sched, affinity)
     record("kernel errors injected into each actuator (fake host)", cycles=1, faults=fault.hits,
            leaks=len(undone) + len(journal) + int(after != before))
     assert undone == [] and len(journal) == 0

@@ -5,35 +5,19 @@ import threading
 import time
 
 import pytest
-from fakehost import FakeSched
+from fakehost import FakeAffinity, FakeSched
 
 from cosched.actuators import journal as jr
 from cosched.actuators.freezer import FreezerKnob
-from cosched.actuators.pinning import PinKnob
 from cosched.actuators.rt_runtime import RtRuntimeKnob
 from cosched.actuators.sched import (LEAVE_MARGIN_NS, SchedAttr, SchedKnob, get_attr, kernel_clock_offset, set_attr,
                                      zero_bandwidth)
 from cosched.hostfs import HostFS
 
 
-class FakePinner:
-    def __init__(self):
-        self.maps = {}
-
-    def current(self, uuid):
-        if uuid == "stopped":
-            raise jr.Gone(uuid)
-        return [self.maps.get((uuid, i), (True, True)) for i in range(2)]
-
-    def pin(self, uuid, vcpu, cpumap):
-        if uuid == "stopped":
-            raise jr.Gone(uuid)
-        self.maps[(uuid, vcpu)] = tuple(cpumap)
-
-
-def knobs(fs, sched=None, pinner=None):
+def knobs(fs, sched=None, affinity=None):
     return {k.kind: k for k in (SchedKnob(fs, get=(sched or FakeSched()).get, put=(sched or FakeSched()).set),
-                                FreezerKnob(fs), RtRuntimeKnob(fs), PinKnob(pinner))}
+                                FreezerKnob(fs), RtRuntimeKnob(fs), (affinity or FakeAffinity()).knob(fs))}
 
 
 def threads(fake, *tids):
@@ -45,29 +29,29 @@ def test_restore_order_identity_and_idempotence(fake, fs, tmp_path):
     for p in ("/cg/a/cpu.rt_runtime_us", "/cg/a/v0/cpu.rt_runtime_us", "/cg/a/v0/cgroup.freeze"):
         fake.write(p, "5")
     threads(fake, 7, 8)
-    sched, pinner = FakeSched(), FakePinner()
+    sched, affinity = FakeSched(), FakeAffinity()
     batch = SchedAttr("batch", nice=3)
     sched.attrs = {7: batch, 8: batch}
-    k = knobs(fs, sched, pinner)
+    k = knobs(fs, sched, affinity)
     j = jr.Journal(str(tmp_path / "run/journal"))
     j.record(dict([k["rt"].record("/cg/a/cpu.rt_runtime_us"), k["rt"].record("/cg/a/v0/cpu.rt_runtime_us"),
                    k["freeze"].record("/cg/a/v0/cgroup.freeze"), k["sched"].record(7, 1007),
                    ("sched:8:999", {"kind": "sched", "tid": 8, "start_time": 999, "attr": batch.to_json()}),
-                   *k["pin"].record("u", "vm").items()]))
+                   k["affinity"].record(7, 1007, uuid="u", name="vm", vcpu=0)]))
     j.record({"rt:/cg/a/cpu.rt_runtime_us": {"kind": "rt", "path": "/cg/a/cpu.rt_runtime_us", "original": "999"}})
     assert jr.Journal(j.path).entries["rt:/cg/a/cpu.rt_runtime_us"]["original"] == "5"     # first recording wins
     # the daemon changed all of it
     for p in ("/cg/a/cpu.rt_runtime_us", "/cg/a/v0/cpu.rt_runtime_us", "/cg/a/v0/cgroup.freeze"):
         fs.write(p, "1" if p.endswith("freeze") else "0")
     sched.attrs = {7: SchedAttr("fifo", priority=2), 8: SchedAttr("fifo", priority=2)}
-    pinner.maps = {("u", 0): (True, False)}
+    affinity.now = {7: (0,)}
     order = []
     fs_write = fs.write
     fs.write = lambda p, d: (order.append(p), fs_write(p, d))
     assert jr.restore(jr.Journal(j.path), k) == []
     assert sched.attrs == {7: batch, 8: SchedAttr("fifo", priority=2)}       # tid 8 is another thread now
     assert order == ["/cg/a/v0/cgroup.freeze", "/cg/a/v0/cpu.rt_runtime_us", "/cg/a/cpu.rt_runtime_us"]
-    assert pinner.maps[("u", 0)] == (True, True)
+    assert affinity.get(7) == (0, 1)
     assert len(jr.Journal(j.path)) == 0
     assert all(fs.read(p) == "5" for p in order)
     assert jr.restore(jr.Journal(j.path), k) == []                            # idempotent
@@ -78,26 +62,14 @@ def test_what_could_not_be_restored_stays_and_is_named(fake, fs, tmp_path):
     j = jr.Journal(str(tmp_path / "journal"))
     j.record({"pin:u:0": {"kind": "pin", "uuid": "u", "name": "vm", "vcpu": 0, "cpumap": [True]},
               "odd:1": {"kind": "odd"},
+              "affinity:5:1005": {"kind": "affinity", "tid": 5, "start_time": 1005},             # no cpus: KeyError
               "sched:5:1005": {"kind": "sched", "tid": 5, "start_time": 1005, "attr": {"policy": "nonsense"}}})
-    problems = jr.restore(j, knobs(fs, pinner=None))
-    assert any("pin:u:0" in p and "unreachable" in p for p in problems)
+    problems = jr.restore(j, knobs(fs))
+    assert any("pin:u:0" in p and "no knob" in p for p in problems)         # a kind this version no longer has
     assert any("odd:1" in p and "no knob" in p for p in problems)
+    assert "affinity:5:1005: KeyError: 'cpus'" in problems
     assert any("sched:5:1005" in p and "unknown scheduling policy 'nonsense'" in p for p in problems)
-    assert len(jr.Journal(j.path)) == 3
-
-
-def test_a_lookup_error_is_a_problem_not_a_vanished_domain(fs, tmp_path):
-    j = jr.Journal(str(tmp_path / "journal"))
-    j.record({"pin:u:0": {"kind": "pin", "uuid": "u", "vcpu": 0}})          # no cpumap: KeyError
-    problems = jr.restore(j, knobs(fs, pinner=FakePinner()))
-    assert problems == ["pin:u:0: KeyError: 'cpumap'"]
-    assert len(jr.Journal(j.path)) == 1
-
-
-def test_a_stopped_domain_is_gone(fs, tmp_path):
-    j = jr.Journal(str(tmp_path / "journal"))
-    j.record({"pin:stopped:0": {"kind": "pin", "uuid": "stopped", "name": "vm", "vcpu": 0, "cpumap": [True]}})
-    assert jr.restore(j, knobs(fs, pinner=FakePinner())) == [] and len(j) == 0
+    assert len(jr.Journal(j.path)) == 4
 
 
 def entries(n):
@@ -666,25 +638,3 @@ def test_a_write_that_does_not_take_is_reported_and_kept(fake, fs, tmp_path):
     assert len(jr.Journal(j.path)) == 1
     fs.write = real
     assert jr.restore(j, k) == [] and fs.read("/cg/a/cpu.rt_runtime_us") == "0"
-
-
-def test_a_pin_libvirt_cannot_write_back_is_restored_to_the_cpus_the_thread_really_had():
-    """libvirt's map says every CPU, but the platform narrowed the guest's
-    cgroup cpuset under it (the thread could use CPU 1 only): libvirt then
-    refuses to write its map back, and the thread gets CPU 1 again."""
-    class Narrowed(FakePinner):
-        def pin(self, uuid, vcpu, cpumap):
-            if tuple(cpumap) == (True, True):
-                raise OSError(0, f"domain {uuid}: Unable to write to '.../vcpu{vcpu}/cpuset.cpus': Permission denied")
-            super().pin(uuid, vcpu, cpumap)
-
-    pinner = Narrowed()
-    knob = PinKnob(pinner)
-    entries = knob.record("u", "vm", {0: (1,), 1: (0, 1)})
-    assert entries["pin:u:0"]["within"] == [False, True] and "within" not in entries["pin:u:1"]
-    pinner.pin("u", 0, (False, True))
-    pinner.pin("u", 1, (True, False))
-    knob.restore(entries["pin:u:0"])
-    assert pinner.maps[("u", 0)] == (False, True) and knob.verify(entries["pin:u:0"])
-    with pytest.raises(OSError):
-        knob.restore(entries["pin:u:1"])                # nothing to fall back on: the failure stands

@@ -332,11 +332,3 @@ def test_a_confined_guest_is_planned_inside_its_cpus_or_not_at_all():
     # a 1-vCPU guest whose cgroup allows one CPU is confined, not dedicated: it takes its turns there
     p = plan(snap(host(2), confined(dom("one", vcpus=1), cgroup=(1,)), dom("a")), PlanConfig())
     assert cpus_of(p, "uuid-one") == [1] and p.left_alone == {}
-
-
-def test_cosched_s_own_pins_are_not_taken_for_the_platform_s():
-    # the live XML of a gang guest cosched pinned says one CPU per vCPU; the journal says it was free
-    pinned = tuned(dom("a"), [(0, (0,)), (1, (1,))])
-    assert "uuid-a" in plan(snap(host(2), pinned, dom("b")), PlanConfig()).left_alone
-    p = plan(snap(host(2), pinned, dom("b")), PlanConfig(platform_pins={"uuid-a": ((0, (0, 1)), (1, (0, 1)))}))
-    assert p.left_alone == {} and p.mode_of("uuid-a") == "gang"

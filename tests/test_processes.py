@@ -3,10 +3,8 @@ import json
 import shutil
 
 import pytest
-from fakehost import FakeSched, ThreadSwitcher
-from test_engine import FakePinner
+from fakehost import FakeAffinity, FakeSched, ThreadSwitcher
 
-from cosched.actuators.affinity import AffinityKnob
 from cosched.actuators.journal import Journal
 from cosched.annotation import AnnotationError, tag_policy
 from cosched.config import ConfigError, from_dict
@@ -143,21 +141,6 @@ def test_a_proxmox_host_without_libvirt_finds_its_guests_as_processes(fake, fs):
     assert host_sources(fs)[0] == ("libvirt",)
 
 
-class FakeAffinity:
-    def __init__(self, cpus=(0, 1)):
-        self.now: dict[int, tuple] = {}
-        self.default = tuple(cpus)
-
-    def get(self, tid):
-        return self.now.get(tid, self.default)
-
-    def set(self, tid, cpus):
-        self.now[tid] = tuple(cpus)
-
-    def knob(self, fs):
-        return AffinityKnob(fs, get=self.get, set=self.set)
-
-
 def test_a_process_guest_is_pinned_through_its_threads_and_restored(fake, fs, tmp_path):
     argv = lambda n, u: ["qemu-system-x86_64", "-name", n, "-uuid", u]
     uuids = [UUID, UUID.replace("6", "8")]
@@ -170,14 +153,13 @@ def test_a_process_guest_is_pinned_through_its_threads_and_restored(fake, fs, tm
            '</metadata></domain>'
     facts = [f.__class__(f.name, f.uuid, xml=gang, pid=f.pid, source=f.source) for f in ProcessSource(fs, trust=fake.trust).domains()]
     snap = build_snapshot(fs, facts, Presets.load([]), "none")
-    affinity, pinner, journal = FakeAffinity(), FakePinner(), Journal(str(tmp_path / "run/journal"))
+    affinity, journal = FakeAffinity(), Journal(str(tmp_path / "run/journal"))
     knob = FakeSched().knob(fs)
-    engine = Engine(fs, journal, pinner, sched=knob, affinity=affinity.knob(fs),
+    engine = Engine(fs, journal, sched=knob, affinity=affinity.knob(fs),
                     switcher_factory=ThreadSwitcher.factory(fs, knob))
     try:
         engine.reconcile(snap)
         assert affinity.now == {101: (0,), 102: (1,), 201: (0,), 202: (1,)}
-        assert pinner.calls == []                                      # libvirt is not asked about these
         assert sorted(e["kind"] for e in journal.entries.values() if e["kind"] == "affinity") == ["affinity"] * 4
     finally:
         assert engine.release() == []
@@ -229,7 +211,7 @@ def test_a_proxmox_guest_gets_per_vcpu_cgroups_is_frozen_per_vcpu_and_given_back
     resyncs = []
     knob = FakeSched().knob(fs)
     journal = Journal(str(tmp_path / "run/journal"))
-    engine = Engine(fs, journal, None, sched=knob, affinity=FakeAffinity().knob(fs),
+    engine = Engine(fs, journal, sched=knob, affinity=FakeAffinity().knob(fs),
                     switcher_factory=ThreadSwitcher.factory(fs, knob), resync=lambda: resyncs.append(1))
     try:
         first = engine.reconcile(build())

@@ -2,10 +2,9 @@
 
 ``freezer`` (cgroup v2 ``cgroup.freeze`` of the per-vCPU cgroups), ``sched``
 (scheduling attributes: boosts), ``rt_runtime`` (on kernels with RT group
-scheduling, the ``cpu.rt_runtime_us`` grants FIFO boosts need), ``pinning``
-(libvirt's own vCPU pinning API, for the host libvirtd's guests) and
-``affinity`` (``sched_setaffinity``, for QEMU processes no host libvirtd
-runs) and ``placement`` (per-vCPU cgroups for guests that have none, as
+scheduling, the ``cpu.rt_runtime_us`` grants FIFO boosts need),
+``affinity`` (vCPU pinning: ``sched_setaffinity`` of the vCPU threads) and
+``placement`` (per-vCPU cgroups for guests that have none, as
 Proxmox VE's). Before its first write to anything, the engine records the original
 value in the :mod:`~cosched.actuators.journal`; ``cosched reset`` and the
 daemon's exit replay it. :func:`knobs` is the one list of them.
@@ -15,16 +14,15 @@ admission total and has the kernel recount it when boosts left it wrong.
 from __future__ import annotations
 
 
-def knobs(fs, pinner, sched=None, affinity=None) -> dict:
+def knobs(fs, sched=None, affinity=None) -> dict:
     """Every knob, by the journal ``kind`` it restores; ``sched`` and
     ``affinity`` default to the real system calls (tests pass fakes)."""
     from cosched.actuators.affinity import AffinityKnob
     from cosched.actuators.freezer import FreezerKnob
-    from cosched.actuators.pinning import PinKnob
     from cosched.actuators.placement import PlacementKnob
     from cosched.actuators.rt_runtime import RtRuntimeKnob
     from cosched.actuators.sched import SchedKnob
 
-    found = (sched or SchedKnob(fs), FreezerKnob(fs), RtRuntimeKnob(fs), PinKnob(pinner), affinity or AffinityKnob(fs),
+    found = (sched or SchedKnob(fs), FreezerKnob(fs), RtRuntimeKnob(fs), affinity or AffinityKnob(fs),
              PlacementKnob(fs))
     return {k.kind: k for k in found}

@@ -18,8 +18,8 @@ default). Two things make that total wrong on a host where cosched boosts:
   past the cap), and admits larger ones, counted short.
   On hosts with the v1 ``cpuset`` controller (hybrid and legacy cgroups)
   every change of a load-balanced cpuset's CPUs rebuilds: libvirt pinning
-  a vCPU (cosched's own pinning, at every mode switch to or from a
-  pinning policy), a guest started or stopped. Measured on this kernel
+  a vCPU (which writes its cpuset; cosched's own pinning sets thread
+  affinity only, which does not), a guest started or stopped. Measured on this kernel
   (6.18, ``benchmarks/evidence/boost-admission-underflow/recount/steps.py``):
   a process given 200 ms per 1 s, returned straight after running 300 ms,
   then one cpuset write, and half a second later the total read -104859,

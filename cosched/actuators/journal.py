@@ -22,8 +22,7 @@ restores what was recovered and says what could not be. Version 1 journals
 Each entry belongs to one knob, named by its ``kind``, and only that knob's
 module knows how to restore it: ``sched`` (:mod:`~cosched.actuators.sched`),
 ``freeze`` (:mod:`~cosched.actuators.freezer`), ``rt``
-(:mod:`~cosched.actuators.rt_runtime`), ``pin``
-(:mod:`~cosched.actuators.pinning`), ``affinity``
+(:mod:`~cosched.actuators.rt_runtime`), ``affinity``
 (:mod:`~cosched.actuators.affinity`), ``place``
 (:mod:`~cosched.actuators.placement`). Keys make the first recording win.
 """
@@ -44,7 +43,7 @@ HEADER = "cosched-journal 2"
 # Restore order: threads back to their policy before their group's RT runtime
 # drops; freeze files; RT runtime deepest first; pinning; threads back into
 # the cgroups cosched moved them out of, last.
-ORDER = ("sched", "freeze", "rt", "pin", "affinity", "place")
+ORDER = ("sched", "freeze", "rt", "affinity", "place")
 
 
 class Gone(Exception):

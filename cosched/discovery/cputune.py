@@ -5,12 +5,8 @@
 vCPU for ``hw:cpu_policy=dedicated``) and ``<vcpusched vcpus="..."
 scheduler="fifo|rr">`` (realtime vCPUs) and ``<emulatorpin cpuset="...">``
 (the emulator threads' CPUs, which cosched never touches). The planner keeps to them
-(:mod:`cosched.policy.plan`).
-
-The live XML also shows the pinning cosched itself set through libvirt:
-the engine hands the planner the originals it journaled for those guests
-(:meth:`cosched.engine.Engine.plan_config`), so cosched's own pins are never
-taken for the platform's.
+(:mod:`cosched.policy.plan`). cosched pins vCPU threads without libvirt, so
+the XML only ever holds the platform's decisions.
 """
 from __future__ import annotations
 

@@ -5,9 +5,9 @@ daemon's discovery thread calls :meth:`Engine.reconcile`:
 
 1. compute the plan (pure: :func:`cosched.policy.plan.plan`);
 2. record in the journal the original of everything the plan may change
-   (``cgroup.freeze``, scheduling policy, RT runtime, libvirt pinning);
-3. pin each managed vCPU through libvirt where its live pinning differs,
-   and put back the pinning of guests no longer managed;
+   (``cgroup.freeze``, scheduling policy, RT runtime, vCPU thread affinity);
+3. pin each managed vCPU thread where its affinity differs, and put back
+   the affinity of guests no longer managed;
 4. hand the cells to the switcher process, which runs the slot tables.
 
 The switcher reports switches, switch latency, slot lateness, costop time,
@@ -37,7 +37,6 @@ from cosched.actuators import journal as jr
 from cosched.actuators.admission import settle
 from cosched.actuators import knobs
 from cosched.actuators.affinity import AffinityKnob
-from cosched.actuators.pinning import PinKnob, cpumap_for
 from cosched.actuators.rt_runtime import read_runtime
 from cosched.actuators.sched import SchedAttr, SchedKnob, thread_start
 from cosched.engine import protocol as pr
@@ -101,7 +100,7 @@ class Engine:
     pinning that only a running rotation may keep) at once.
     """
 
-    def __init__(self, fs: HostFS, journal: jr.Journal, pinner, *, reserved_cpus=(), max_stall_ms: int = 500,
+    def __init__(self, fs: HostFS, journal: jr.Journal, *, reserved_cpus=(), max_stall_ms: int = 500,
                  switcher_priority: int = 50, dry_run: bool = False, sched: SchedKnob | None = None,
                  affinity: AffinityKnob | None = None, switcher_factory: Callable[[dict], object] = spawn_switcher,
                  resync: Callable[[], None] = lambda: None,
@@ -109,13 +108,12 @@ class Engine:
         self.fs = fs
         self.long_waits = long_waits          # the meter's long-wait descriptors now (None: no meter), for a switcher
         self.journal = journal
-        self.pinner = pinner
         self.reserved_cpus = tuple(reserved_cpus)
         self.max_stall_ms = max_stall_ms
         self.switcher_priority = switcher_priority
         self.dry_run = dry_run
         self.sched = sched if sched is not None else SchedKnob(fs)
-        self.knobs = knobs(fs, pinner, self.sched, affinity)
+        self.knobs = knobs(fs, self.sched, affinity)
         self.affinity = self.knobs["affinity"]
         self.placement = self.knobs["place"]
         self.switcher_factory = switcher_factory
@@ -148,18 +146,7 @@ class Engine:
     # -- planning -------------------------------------------------------
     def plan_config(self, snap: Snapshot) -> PlanConfig:
         return PlanConfig(reserved_cpus=self.reserved_cpus, max_stall_ms=self.max_stall_ms,
-                          switcher_priority=self.switcher_priority, rt_budget_us=self._rt_budget(snap),
-                          platform_pins=self._platform_pins())
-
-    def _platform_pins(self) -> dict[str, tuple[tuple[int, tuple[int, ...]], ...]]:
-        """The pinning the platform gave each guest whose live pinning is
-        cosched's: the originals the journal holds (libvirt's live XML shows
-        cosched's own pins, which must not pass for the platform's)."""
-        out: dict[str, dict[int, tuple[int, ...]]] = {}
-        for e in self.journal.entries.values():
-            if e.get("kind") == "pin":
-                out.setdefault(e["uuid"], {})[e["vcpu"]] = tuple(i for i, on in enumerate(e["cpumap"]) if on)
-        return {uuid: tuple(sorted(p.items())) for uuid, p in out.items()}
+                          switcher_priority=self.switcher_priority, rt_budget_us=self._rt_budget(snap))
 
     def _rt_budget(self, snap: Snapshot) -> int | None:
         """RT runtime the vCPU groups may share: the root's, less what other top groups hold."""
@@ -247,7 +234,7 @@ class Engine:
                         got = knob.record(path)
                         if got:
                             entries[got[0]] = got[1]
-            if d.uuid in pinned and d.source != "libvirt":
+            if d.uuid in pinned:
                 for v in d.vcpus:
                     if self.affinity.key(v.tid, v.start_time) not in known:
                         try:
@@ -256,40 +243,22 @@ class Engine:
                         except OSError as err:
                             log.warning("domain=%s vcpu=%d tid=%d action=affinity-info-failed error=%r", d.name,
                                         v.index, v.tid, os.strerror(err.errno) if err.errno else str(err))
-            elif d.uuid in pinned and self.pinner is not None and any(
-                    PinKnob.key(d.uuid, v.index) not in known for v in d.vcpus):
-                try:                # the journal's record() keeps originals already there
-                    entries.update(self.knobs["pin"].record(d.uuid, d.name, {v.index: v.cpus for v in d.vcpus}))
-                except (jr.Gone, OSError, ConnectionError) as err:
-                    log.warning("domain=%s action=pin-info-failed error=%r", d.name, str(err))
         self.journal.record(entries)
 
     def _pin(self, snap: Snapshot, p: Plan) -> None:
-        wanted = p.pins()
+        """Pin each vCPU the plan pins: its thread's affinity, if its
+        original is on record. Not through libvirt, whose live XML would
+        then carry cosched's pins into saved images, managed saves and
+        migrations, where they outlive cosched and pass for the platform's
+        (``docs/decisions/0002-pin-thread-affinity.md``)."""
         by_uuid: dict[str, dict[int, int]] = {}
-        for (uuid, index), cpu in wanted.items():
+        for (uuid, index), cpu in p.pins().items():
             by_uuid.setdefault(uuid, {})[index] = cpu
-        names = {d.uuid: d.name for d in snap.domains}
-        others = {d.uuid: d for d in snap.domains if d.source != "libvirt"}
-        for uuid in [u for u in by_uuid if u in others]:
-            self._pin_threads(others[uuid], by_uuid.pop(uuid))
-        if self.pinner is None:
-            return
-        for uuid, pins in by_uuid.items():
-            try:
-                current = self.pinner.current(uuid)
-                for index, cpu in pins.items():
-                    if index < len(current):
-                        desired = cpumap_for([cpu], len(current[index]))
-                        if tuple(current[index]) != desired:
-                            self.pinner.pin(uuid, index, desired)
-                            log.info("domain=%s vcpu=%d cpu=%d action=pinned", names.get(uuid, uuid), index, cpu)
-            except (jr.Gone, OSError, ConnectionError) as err:
-                log.warning("domain=%s action=pin-failed error=%r", names.get(uuid, uuid), str(err))
+        for d in snap.domains:
+            if d.uuid in by_uuid:
+                self._pin_threads(d, by_uuid[d.uuid])
 
     def _pin_threads(self, d, pins: dict[int, int]) -> None:
-        """Pin a guest no host libvirtd runs: each vCPU thread's affinity, if
-        its original is on record."""
         for v in d.vcpus:
             cpu = pins.get(v.index)
             if cpu is None or self.affinity.key(v.tid, v.start_time) not in self.journal.entries:
@@ -306,10 +275,9 @@ class Engine:
     def _unpin(self, p: Plan) -> None:
         """Give guests that leave pinning their own pinning back."""
         keep = {uuid for uuid, _ in p.pins()}
-        kinds = ("pin", "affinity") if self.pinner is not None else ("affinity",)
-        stale = {e["uuid"] for e in self.journal.entries.values() if e.get("kind") in kinds and e["uuid"] not in keep}
+        stale = {e["uuid"] for e in self.journal.entries.values() if e.get("kind") == "affinity" and e["uuid"] not in keep}
         if stale:
-            problems = jr.restore(self.journal, self.knobs, kinds=kinds, only=lambda e: e["uuid"] in stale)
+            problems = jr.restore(self.journal, self.knobs, kinds=("affinity",), only=lambda e: e["uuid"] in stale)
             for problem in problems:
                 log.warning("action=unpin-failed %s", problem)
 
@@ -366,10 +334,7 @@ class Engine:
         gone = []
         for key, e in self.journal.entries.items():
             kind = e.get("kind")
-            if kind == "pin":
-                if e["uuid"] not in running and snap.libvirt_connected:
-                    gone.append(key)
-            elif kind in self.knobs and not self.knobs[kind].exists(e):
+            if kind in self.knobs and not self.knobs[kind].exists(e):
                 gone.append(key)
         self.journal.forget(gone)
 
@@ -481,7 +446,7 @@ class Engine:
                       "pinning, restarting it %s", code, lived, "now" if now else "at the next resync")
             # pinning goes too: pinned vCPUs that no rotation freezes can starve the host's own
             # tasks, the switcher about to be started among them
-            self._restore(kinds=("sched", "freeze", "rt", "pin", "affinity"))
+            self._restore(kinds=("sched", "freeze", "rt", "affinity"))
             self._settle()
         if now:
             self.resync()
@@ -601,7 +566,7 @@ class Engine:
         """Stop managing: pinning back first (while guests still take turns),
         then the switcher thaws and unboosts, then the rest of the journal."""
         with self.op_lock:
-            problems = self._restore(kinds=("pin", "affinity"))
+            problems = self._restore(kinds=("affinity",))
             self._stop_switcher()
             self._sent = None
             problems += self._restore()

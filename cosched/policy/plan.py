@@ -47,8 +47,8 @@ cores before SMT siblings.
     ``reserved_cpus`` nothing may be boosted, and a ``boost`` guest is
     rejected rather than polled for nothing.
 
-What the platform decided about a guest's CPUs (:class:`~cosched.model.CpuTune`,
-with the originals of any pinning cosched itself set: ``platform_pins``) is an
+What the platform decided about a guest's CPUs (:class:`~cosched.model.CpuTune`:
+the domain XML, which cosched never writes, and the cgroup's cpuset) is an
 input, never overwritten:
 
 * a guest whose vCPUs each have a CPU of their own (dedicated placement, as
@@ -100,8 +100,6 @@ class PlanConfig:
     switcher_priority: int = 50
     rt_budget_us: int | None = None      # None: no RT group scheduling, no limit
     rt_period_us: int = 1_000_000
-    # uuid -> the platform's pins of each vCPU, for guests whose live pins are cosched's own (the journal's originals)
-    platform_pins: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -410,10 +408,9 @@ def _lone_relaxed(cells: list[Cell]) -> list[Cell]:
             if c.mode == FREEZE and len(c.members) == 1 else c for c in cells]
 
 
-def _pins(d: Domain, host: Host, cfg: PlanConfig) -> dict[int, tuple[int, ...]]:
+def _pins(d: Domain, host: Host) -> dict[int, tuple[int, ...]]:
     """The platform's pins of each pinned vCPU (a pin to every host CPU is none)."""
-    pins = dict(cfg.platform_pins.get(d.uuid, d.cputune.pins))
-    return {i: c for i, c in pins.items() if set(c) != set(host.cpus)}
+    return {i: c for i, c in d.cputune.pins if set(c) != set(host.cpus)}
 
 
 def _allowed(d: Domain, host: Host, pins: dict[int, tuple[int, ...]]) -> dict[int, tuple[int, ...]]:
@@ -485,7 +482,7 @@ def plan(snapshot: Snapshot, cfg: PlanConfig) -> Plan:
     held: set[int] = set()
     allowed: dict[str, dict[int, tuple[int, ...]]] = {}
     for d in snapshot.domains:
-        pins = _pins(d, host, cfg)
+        pins = _pins(d, host)
         alone = _left_alone(d, pins)
         if alone is not None:
             held.update(alone[1])

@@ -52,6 +52,7 @@ def host_state(names) -> dict:
             for tid in open(f"{cg}/cgroup.threads").read().split():
                 state[f"{name} tid {tid} policy"] = (os.sched_getscheduler(int(tid)),
                                                      os.getpriority(os.PRIO_PROCESS, int(tid)))
+                state[f"{name} tid {tid} affinity"] = sorted(os.sched_getaffinity(int(tid)))
         cpu_mount = guests.cgroup_mounts()[1]
         for cg in guests.vcpu_cgroups(name)["cpu"]:           # the RT runtime chain, vCPU up to the root
             while cg.startswith(cpu_mount):
