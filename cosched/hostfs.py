@@ -233,15 +233,24 @@ class OpenFile:
             self.fd = None
 
 
-def cgroup_v1_mount(fs: HostFS, controller: str) -> str | None:
-    """Mount point of a v1 cgroup controller (``cpu``, ``cpuset``) on
-    hybrid and legacy hosts, from ``/proc/self/mountinfo``; None on pure v2 hosts."""
+def mounts(fs: HostFS) -> list[tuple[str, str, tuple[str, ...]]]:
+    """Each mount of the host as (filesystem type, mount point, super
+    options), from ``/proc/self/mountinfo``: the one reader of it."""
+    out = []
     for line in (fs.read_or("/proc/self/mountinfo") or "").splitlines():
         left, sep, right = line.partition(" - ")
         parts = right.split()
-        if sep and len(parts) >= 3 and parts[0] == "cgroup" and controller in parts[2].split(","):
-            return left.split()[4]
-    return None
+        if sep and parts and len(left.split()) > 4:
+            out.append((parts[0], left.split()[4].replace("\\040", " "),
+                        tuple(parts[2].split(",")) if len(parts) > 2 else ()))
+    return out
+
+
+def mount_point(fs: HostFS, fstype: str, option: str | None = None) -> str | None:
+    """Where the first ``fstype`` mount is (with super option ``option``:
+    a v1 cgroup hierarchy's controller, ``cpu`` or ``cpuset``); None when
+    there is none, as for a v1 controller on a pure v2 host."""
+    return next((m for t, m, opts in mounts(fs) if t == fstype and (option is None or option in opts)), None)
 
 
 def parse_cpu_list(text: str) -> tuple[int, ...]:

@@ -270,18 +270,12 @@ def throughput(results: list[dict[str, int]], since_ms: int = 0) -> float:
 
 
 def cgroup_mounts() -> tuple[str, str | None]:
-    """(cgroup v2 mount, v1 cpu controller mount or None), from /proc/self/mountinfo."""
-    v2 = cpu = None
-    for line in open("/proc/self/mountinfo"):
-        left, _, right = line.partition(" - ")
-        fstype, _src, opts = (right.split() + ["", "", ""])[:3]
-        if fstype == "cgroup2" and v2 is None:
-            v2 = left.split()[4]
-        elif fstype == "cgroup" and "cpu" in opts.split(","):
-            cpu = left.split()[4]
+    """(cgroup v2 mount, v1 cpu controller mount or None) of this host."""
+    from cosched.hostfs import HostFS, mount_point
+    v2 = mount_point(HostFS("/"), "cgroup2")
     if v2 is None:
         raise RuntimeError("no cgroup2 mount in /proc/self/mountinfo")
-    return v2, cpu
+    return v2, mount_point(HostFS("/"), "cgroup", "cpu")
 
 
 def qemu_pid(name: str) -> int:
@@ -324,8 +318,8 @@ def confine(name: str, cpus: str) -> None:
     as a platform that confines a guest's cgroup does (a KubeVirt pod, a
     restricted slice): its child cgroups first, as the v1 cpuset requires.
     Only the v1 cpuset hierarchy is supported (hosts like these)."""
-    mount = next((line.split(" - ")[0].split()[4] for line in open("/proc/self/mountinfo")
-                  if " - cgroup " in line and "cpuset" in line.split(" - ")[1].split()[2].split(",")), None)
+    from cosched.hostfs import HostFS, mount_point
+    mount = mount_point(HostFS("/"), "cgroup", "cpuset")
     if mount is None:
         raise RuntimeError("no v1 cpuset hierarchy here")
     tid = next(iter(vcpu_threads(name)))

@@ -72,7 +72,7 @@ import subprocess
 import time
 
 from cosched.actuators.sched import SchedAttr, set_attr, zero_bandwidth
-from cosched.hostfs import HostFS, cgroup_v1_mount, parse_cpu_list
+from cosched.hostfs import HostFS, mount_point, parse_cpu_list
 from cosched.kernel import parse_stat
 
 log = logging.getLogger("cosched.admission")
@@ -94,7 +94,7 @@ class Admission:
     def __init__(self, fs: HostFS, put=None, mount: str | None = "", sleep=time.sleep):
         self.fs = fs
         self.put = put or set_attr
-        self.mount = cgroup_v1_mount(fs, "cpuset") if mount == "" else mount
+        self.mount = mount_point(fs, "cgroup", "cpuset") if mount == "" else mount
         self.sleep = sleep
         self._child: subprocess.Popen | None = None
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 
-from cosched.hostfs import HostFS, cgroup_v1_mount, parse_cpu_list
+from cosched.hostfs import HostFS, mount_point, parse_cpu_list
 from cosched.model import Host
 
 _NODE = re.compile(r"node(\d+)$")
@@ -16,21 +16,10 @@ def cgroup_layout(fs: HostFS) -> tuple[str, str | None]:
     controllers plus a v2 tree (often /sys/fs/cgroup/unified). ``legacy``:
     no v2 tree at all.
     """
-    v2 = None
-    v1 = False
-    for line in (fs.read_or("/proc/self/mountinfo") or "").splitlines():
-        left, sep, right = line.partition(" - ")
-        if not sep:
-            continue
-        fstype = right.split()[0]
-        mount_point = left.split()[4].replace("\\040", " ")
-        if fstype == "cgroup2" and v2 is None:
-            v2 = mount_point
-        elif fstype == "cgroup":
-            v1 = True
+    v2 = mount_point(fs, "cgroup2")
     if v2 is None:
         return "legacy", None
-    return ("hybrid" if v1 else "unified"), v2
+    return ("hybrid" if mount_point(fs, "cgroup") else "unified"), v2
 
 
 def read_host(fs: HostFS) -> Host:
@@ -50,7 +39,7 @@ def read_host(fs: HostFS) -> Host:
     for cpu in online:
         node_of.setdefault(cpu, 0)
     mode, mount = cgroup_layout(fs)
-    cpu_mount = cgroup_v1_mount(fs, "cpu")
+    cpu_mount = mount_point(fs, "cgroup", "cpu")
     rt_group = cpu_mount is not None and fs.exists(f"{cpu_mount}/cpu.rt_runtime_us")
     return Host(cpus=online, core_of=core_of, node_of=node_of, cgroup=mode, cgroup2_mount=mount,
-                cpu_v1_mount=cpu_mount, rt_group_sched=rt_group, cpuset_v1_mount=cgroup_v1_mount(fs, "cpuset"))
+                cpu_v1_mount=cpu_mount, rt_group_sched=rt_group, cpuset_v1_mount=mount_point(fs, "cgroup", "cpuset"))

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from cosched.hostfs import HostFS
+from cosched.hostfs import HostFS, mount_point
 
 log = logging.getLogger("cosched.sampler")
 
@@ -49,15 +49,6 @@ class KvmCounts:
     spins: int          # pause-loop exits that tried a directed yield
     halts: int          # halt exits
     source: str         # "libvirt" or "debugfs"
-
-
-def debugfs_mount(fs: HostFS) -> str | None:
-    """Where debugfs is mounted, from ``/proc/self/mountinfo``."""
-    for line in (fs.read_or("/proc/self/mountinfo") or "").splitlines():
-        left, sep, right = line.partition(" - ")
-        if sep and right.split()[:1] == ["debugfs"]:
-            return left.split()[4]
-    return None
 
 
 def from_libvirt_stats(records: Mapping[str, object]) -> KvmCounts | None:
@@ -97,7 +88,7 @@ class KvmStats:
 
     def _debugfs(self) -> dict[int, str]:
         """QEMU pid -> its KVM debugfs directory."""
-        mount = debugfs_mount(self.fs)
+        mount = mount_point(self.fs, "debugfs")
         if mount is None or not self.fs.exists(f"{mount}/kvm"):
             return {}
         out = {}
