@@ -1,8 +1,10 @@
 """The platform's CPU decisions are inputs: a guest on a dedicated CPU is left alone.
 
-A 1-vCPU guest pinned by its domain XML to CPU 1 (``<cputune><vcpupin>``, as
-nova writes it for ``hw:cpu_policy=dedicated``) and annotated ``gang`` runs
-beside two 2-vCPU guests annotated ``gang``. cosched leaves the pinned guest
+A nova-shaped dedicated instance: a 1-vCPU guest pinned by its domain XML to
+CPU 1 (``<cputune><vcpupin>``, as nova writes it for
+``hw:cpu_policy=dedicated``), whose ``<nova:flavor>`` carries that extra spec
+and ``cosched:policy`` ``gang``, runs beside two 2-vCPU guests annotated
+``gang``. cosched leaves the pinned guest
 alone (mode none, the reason in status, explain and the log), takes CPU 1 out
 of its pool (so the two gang guests no longer fit it and are not managed),
 and never freezes, re-pins or boosts the pinned guest; its pinning is what
@@ -27,6 +29,7 @@ import pytest
 from testbed import guests
 
 from .conftest import PREFIX, DaemonProcess
+from .test_platforms import nova_metadata
 
 DEDICATED = PREFIX + "cpus-dedicated"
 GANG = [PREFIX + "cpus-gang-a", PREFIX + "cpus-gang-b"]
@@ -36,8 +39,9 @@ GANG = [PREFIX + "cpus-gang-a", PREFIX + "cpus-gang-b"]
 def trio(libvirtd, guest_image):
     started = []
     with guests.paused(started):
-        started.append(guests.start(DEDICATED, vcpus=1, workload="ep", image=guest_image,
-                                    policy=guests.annotation("gang"),
+        flavor = nova_metadata("m1.pinned", "gang").replace(
+            "</nova:extraSpecs>", '<nova:extraSpec name="hw:cpu_policy">dedicated</nova:extraSpec></nova:extraSpecs>')
+        started.append(guests.start(DEDICATED, vcpus=1, workload="ep", image=guest_image, policy=flavor,
                                     cputune="<cputune><vcpupin vcpu='0' cpuset='1'/></cputune>"))
         started[-1].wait_for("cosched-result")
     for name in GANG:
@@ -76,6 +80,7 @@ def test_a_guest_on_a_dedicated_cpu_is_left_alone_and_its_cpu_leaves_the_pool(tr
         assert daemon.stop() == 0
     assert seen == {before}, seen                         # never re-pinned, frozen or boosted
     ded = status[DEDICATED]
+    assert (ded["policy"], ded["policy_source"]) == ("gang", "extra-spec"), ded       # what the flavor asks for
     assert ded["mode"] == "none" and ded["left_alone"].startswith("dedicated CPUs") and not ded["managed"]
     for name in GANG:                                    # CPU 1 left the pool: a 2-vCPU gang no longer fits
         assert not status[name]["managed"] and "the co-scheduling pool has 1 CPUs" in status[name]["error"], status[name]
