@@ -98,6 +98,7 @@ class Vcpu:
     frozen: bool = False                       # v2 cgroup.events says frozen
     cgroup_shared: tuple[int, ...] = ()        # other tasks in its v2 cgroup: freezing it would stop them too
     cpuset_cgroup: str | None = None           # the guest's cgroup whose cpuset bounds the thread (v1 cpuset, else v2)
+    realtime: bool = False                     # under fifo or rr when discovery first saw it: the platform's choice
 
 
 @dataclass(frozen=True)

@@ -192,6 +192,19 @@ def test_a_guest_s_confinement_is_read_from_its_cgroup_cpuset_and_its_threads_fi
     assert vm1.cputune.cgroup_cpus is None
 
 
+def test_a_vcpu_found_under_fifo_is_realtime_one_boosted_later_is_not(tmp_path):
+    fake = FakeHost(tmp_path)
+    fs = HostFS(tmp_path)
+    fake.qemu(100, "vm1", UUID, {0: 101, 1: 102})
+    fake.thread(100, 101, "CPU 0/TCG", "/machine/qemu-1-vm1.libvirt-qemu/vcpu0", policy=1, prio=1)   # SCHED_FIFO
+    placed = Placed()
+    (vm1,) = build_snapshot(fs, [DomainFacts("vm1", UUID, GANG_XML)], Presets.load([]), "none", placed=placed).domains
+    assert [v.realtime for v in vm1.vcpus] == [True, False]
+    fake.thread(100, 102, "CPU 1/TCG", "/machine/qemu-1-vm1.libvirt-qemu/vcpu1", policy=1, prio=1)   # a boost
+    (vm1,) = build_snapshot(fs, [DomainFacts("vm1", UUID, GANG_XML)], Presets.load([]), "none", placed=placed).domains
+    assert [v.realtime for v in vm1.vcpus] == [True, False] and vm1.vcpus[1].sched == "fifo"
+
+
 def test_domain_whose_process_is_gone(fs):
     d = build_domain(fs, read_host(fs), DomainFacts("vm1", UUID, GANG_XML), Presets.load([]), "none")
     assert d.pid is None and d.vcpus == ()

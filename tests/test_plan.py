@@ -292,6 +292,11 @@ def test_a_guest_with_realtime_vcpus_is_never_frozen_pinned_or_boosted():
     p = plan(snap(host(2), tuned(dom("rt", kind="boost"), realtime=(0,)), dom("a"), dom("b")), PlanConfig())
     assert "uuid-rt" not in {m.uuid for c in p.cells for m in c.members}
     assert "realtime vCPUs" in p.left_alone["uuid-rt"]
+    found = dom("found", kind="gang")                     # no XML says so: its thread ran under SCHED_FIFO
+    found = found.__class__(**{**found.__dict__, "vcpus": (found.vcpus[0].__class__(**{
+        **found.vcpus[0].__dict__, "realtime": True}), found.vcpus[1])})
+    p = plan(snap(host(2), found, dom("a")), PlanConfig())
+    assert "vCPU 0 under SCHED_FIFO or SCHED_RR" in p.left_alone["uuid-found"] and p.mode_of("uuid-found") is None
 
 
 def confined(d, cgroup=None, affinity=None):
@@ -332,3 +337,14 @@ def test_a_confined_guest_is_planned_inside_its_cpus_or_not_at_all():
     # a 1-vCPU guest whose cgroup allows one CPU is confined, not dedicated: it takes its turns there
     p = plan(snap(host(2), confined(dom("one", vcpus=1), cgroup=(1,)), dom("a")), PlanConfig())
     assert cpus_of(p, "uuid-one") == [1] and p.left_alone == {}
+
+
+def test_what_the_platform_keeps_cosched_off_is_known_before_any_plan():
+    """A guest found as a process is given per-vCPU cgroups only if nothing
+    the platform decided keeps cosched off it (``untouchable``)."""
+    from cosched.policy.plan import untouchable
+    assert untouchable(dom("a"), host(2)) is None
+    assert untouchable(tuned(dom("nova"), [(0, (0,)), (1, (1,))]), host(2)).startswith("dedicated CPUs")
+    assert untouchable(tuned(dom("rt"), realtime=(1,)), host(2)).startswith("realtime vCPUs: vCPU 1")
+    assert "confines it" in untouchable(confined(dom("narrow"), cgroup=(1,)), host(2))
+    assert untouchable(confined(dom("one", vcpus=1), cgroup=(1,)), host(2)) is None

@@ -122,8 +122,9 @@ def vcpu_threads(fs: HostFS, pid: int, cgroup2_mount: str | None, qmp: dict[int,
                  placed: Placed | None = None) -> tuple[tuple[Vcpu, ...], tuple[str, ...]]:
     """The vCPU threads of QEMU process ``pid`` sorted by index, and warnings;
     ``qmp``: QEMU's own ``{index: thread id}``, when it was asked; ``placed``:
-    what earlier calls learnt. ``cpus`` is a vCPU's affinity when first
-    seen (the platform's: cosched pins only threads it has seen); its
+    what earlier calls learnt. ``cpus`` and ``realtime`` are a vCPU's
+    affinity and whether it ran under SCHED_FIFO or SCHED_RR when first
+    seen (the platform's: cosched changes only threads it has seen); its
     frozen and scheduling state now are read live by status."""
     found: dict[int, Vcpu] = {}
     warnings: list[str] = []
@@ -160,7 +161,7 @@ def vcpu_threads(fs: HostFS, pid: int, cgroup2_mount: str | None, qmp: dict[int,
             continue
         found[index] = Vcpu(index=index, tid=tid, cgroup2=v2, cpu_cgroup=cpu_cg, start_time=stat.start_time,
                             cpus=affinity(fs, pid, tid), sched=stat.policy, priority=stat.rt_priority,
-                            cpuset_cgroup=cpuset)
+                            cpuset_cgroup=cpuset, realtime=stat.policy in ("fifo", "rr"))
         if placed is not None and cg_index is not None:
             placed.known[(pid, tid)] = (stat.start_time, found[index])
     return tuple(found[i] for i in sorted(found)), tuple(warnings)

@@ -44,7 +44,7 @@ from cosched.histogram import Histogram
 from cosched.hostfs import HostFS
 from cosched.kernel import parse_schedstat
 from cosched.model import Snapshot
-from cosched.policy.plan import Plan, PlanConfig, plan
+from cosched.policy.plan import Plan, PlanConfig, plan, untouchable
 from cosched.sampler.meter import LongWaits
 
 log = logging.getLogger("cosched.engine")
@@ -313,9 +313,10 @@ class Engine:
 
     @staticmethod
     def _to_place(snap: Snapshot) -> list:
-        """Guests found as processes under a policy that may freeze them."""
+        """Guests found as processes under a policy that may freeze them,
+        but none the platform's CPU decisions keep cosched off."""
         return [d for d in snap.domains if d.source != "libvirt" and d.policy is not None and not d.error
-                and d.policy.kind not in ("none", "boost")]
+                and d.policy.kind not in ("none", "boost") and untouchable(d, snap.host) is None]
 
     def _collect_garbage(self, snap: Snapshot) -> None:
         """Forget journal entries whose targets are gone for good (a cgroup

@@ -53,7 +53,8 @@ input, never overwritten:
 
 * a guest whose vCPUs each have a CPU of their own (dedicated placement, as
   nova's ``hw:cpu_policy=dedicated``) or that has realtime vCPUs
-  (``<vcpusched>`` fifo or rr) is left alone (mode ``none``, with the
+  (``<vcpusched>`` fifo or rr, or threads found under SCHED_FIFO or
+  SCHED_RR) is left alone (mode ``none``, with the
   reason): never frozen, pinned or boosted, whatever its annotation asks;
   the CPUs such guests are pinned to leave the co-scheduling pool;
 * a guest the platform confines to fewer CPUs (its vCPU pins, its threads'
@@ -253,12 +254,12 @@ def _gang(domains: list[Domain], hosted: list[Domain], host: Host, pool: list[in
     admitted: list[Domain] = []
     where: dict[str, list[int]] = {}
     for d in sorted(domains, key=lambda d: d.name):
+        where[d.uuid] = _place(d, allowed[d.uuid], pool)
+        if allowed[d.uuid] and where[d.uuid] is None:
+            rejected[d.uuid] = _confined(d, allowed[d.uuid], pool, "gang cell's")
+            continue
         reason = _unfit(d, host, pool)
         if reason is None:
-            where[d.uuid] = _place(d, allowed[d.uuid], pool)
-            if where[d.uuid] is None:
-                rejected[d.uuid] = _confined(d, allowed[d.uuid], pool, "gang cell's")
-                continue
             stall = _stall_after([_slot_ms(a) for a in admitted], _slot_ms(d))
             if stall > cfg.max_stall_ms:
                 reason = (f"the gang cell is full: admitting it would freeze guests for {stall} ms "
@@ -286,14 +287,14 @@ def _packed(kind: str, domains: list[Domain], host: Host, pool: list[int], cfg: 
     where: dict[str, list[int]] = {}
     # largest first, and among equals the confined ones, whose choice of CPUs is smaller
     for d in sorted(domains, key=lambda d: (-len(d.vcpus), not allowed[d.uuid], d.name)):
+        if allowed[d.uuid] and _place(d, allowed[d.uuid], pool) is None:
+            rejected[d.uuid] = _confined(d, allowed[d.uuid], pool, f"{kind} pool's")
+            continue
         reason = _unfit(d, host, pool)
         if reason:
             rejected[d.uuid] = f"not managed: {reason}"
             continue
         k = len(d.vcpus)
-        if _place(d, allowed[d.uuid], pool) is None:
-            rejected[d.uuid] = _confined(d, allowed[d.uuid], pool, f"{kind} pool's")
-            continue
         fresh = _place(d, allowed[d.uuid], free)
         if fresh is not None:
             where[d.uuid] = fresh
@@ -323,6 +324,9 @@ def _watched(domains: list[Domain], host: Host, pool: list[int], allowed: dict, 
     next_cpu, index_on = 0, {}
     for d in sorted(domains, key=lambda d: d.name):
         kind, p = d.policy.kind, dict(d.policy.params)
+        if kind == RELAXED and allowed[d.uuid] and pool and _place(d, allowed[d.uuid], pool) is None:
+            rejected[d.uuid] = _confined(d, allowed[d.uuid], pool, "pool's")
+            continue
         reason = _unfit(d, host, pool) if kind == RELAXED else (
             None if pool else "the co-scheduling pool is empty (reserved_cpus holds every CPU): nothing may be boosted")
         if reason:
@@ -331,11 +335,7 @@ def _watched(domains: list[Domain], host: Host, pool: list[int], allowed: dict, 
         boost_ms = p["boost-ms"] if kind == BOOST or p.get("boost") else 0
         cpus = [-1] * len(d.vcpus)
         if kind == RELAXED and allowed[d.uuid]:
-            placed = _place(d, allowed[d.uuid], pool[next_cpu % len(pool):] + pool[:next_cpu % len(pool)])
-            if placed is None:
-                rejected[d.uuid] = _confined(d, allowed[d.uuid], pool, "pool's")
-                continue
-            cpus = placed
+            cpus = _place(d, allowed[d.uuid], pool[next_cpu % len(pool):] + pool[:next_cpu % len(pool)])
             next_cpu += len(d.vcpus)
         elif kind == RELAXED:
             cpus = _balanced(len(d.vcpus), [pool[(next_cpu + j) % len(pool)] for j in range(len(d.vcpus))], index_on)
@@ -462,15 +462,31 @@ def _confined(d: Domain, allowed: dict[int, tuple[int, ...]], cpus: list[int], k
 
 def _left_alone(d: Domain, pins: dict[int, tuple[int, ...]]) -> tuple[str, tuple[int, ...]] | None:
     """Why the platform's decisions leave a guest alone, and the CPUs it holds (None: they do not)."""
-    if d.cputune.realtime:
-        held = tuple(sorted({c for i in d.cputune.realtime for c in pins.get(i, ())}))
-        return (f"realtime vCPUs: vCPU {', '.join(map(str, d.cputune.realtime))} under vcpusched fifo/rr; "
-                "never frozen, pinned or boosted"), held
+    realtime = sorted(set(d.cputune.realtime) | {v.index for v in d.vcpus if v.realtime})
+    if realtime:
+        held = tuple(sorted({c for i in realtime for c in pins.get(i, ())}))
+        return (f"realtime vCPUs: vCPU {', '.join(map(str, realtime))} under SCHED_FIFO or SCHED_RR "
+                "(vcpusched, or as found); never frozen, pinned or boosted"), held
     own = [pins.get(v.index, ()) for v in d.vcpus]
     if own and all(len(c) == 1 for c in own) and len({c[0] for c in own}) == len(own):
         return ("dedicated CPUs: each vCPU pinned to a CPU of its own (" +
                 ", ".join(f"vCPU {v.index} on {c[0]}" for v, c in zip(d.vcpus, own)) +
                 "); nothing to co-schedule"), tuple(sorted(c[0] for c in own))
+    return None
+
+
+def untouchable(d: Domain, host: Host) -> str | None:
+    """Why the platform's decisions keep cosched off a guest whatever it
+    asks (left alone, or confined where its vCPUs cannot each have a CPU),
+    None when they do not. Such a guest is never given per-vCPU cgroups,
+    frozen, pinned or boosted."""
+    pins = _pins(d, host)
+    alone = _left_alone(d, pins)
+    if alone is not None:
+        return alone[0]
+    allowed = _allowed(d, host, pins)
+    if allowed and _place(d, allowed, list(host.cpus)) is None:
+        return _confined(d, allowed, list(host.cpus), "host's")
     return None
 
 

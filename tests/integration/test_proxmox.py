@@ -12,6 +12,11 @@ cosched (``sources = ["processes"]``) finds both guests, learns their vCPU
 threads from QEMU over QMP, gives each vCPU thread its own cgroup under the
 scope, runs them as a gang, follows a tag change, and leaves the cgroup tree
 as it found it, on SIGTERM and through ``cosched reset`` after a SIGKILL.
+
+What such a platform decided about a guest's CPUs stands, as for libvirt's
+guests: a guest whose vCPU thread runs under SCHED_FIFO (a hook script's
+doing) and a guest whose threads Proxmox's ``affinity: 1`` confined to CPU
+1, both tagged for ``gang``, are never placed, frozen or re-pinned.
 """
 from __future__ import annotations
 
@@ -35,7 +40,7 @@ VMIDS = (8101, 8102)
 
 
 class PveGuest:
-    def __init__(self, name: str, vmid: int, tmp: Path, image):
+    def __init__(self, name: str, vmid: int, tmp: Path, image, workload: str = "barrier interval_ms=100"):
         self.name, self.vmid = name, vmid
         self.uuid = str(uuidlib.uuid5(uuidlib.NAMESPACE_DNS, name))
         run = tmp / "qemu-server"
@@ -46,7 +51,7 @@ class PveGuest:
                 "-pidfile", str(self.pidfile), "-daemonize", "-smbios", f"type=1,uuid={self.uuid}",
                 "-smp", "2,sockets=1,cores=2,maxcpus=2", "-nodefaults", "-display", "none", "-cpu", "qemu64",
                 "-m", "96", "-accel", "tcg", "-kernel", str(image.kernel), "-initrd", str(image.initrd),
-                "-append", "console=ttyS0 quiet panic=-1 -- barrier interval_ms=100",
+                "-append", f"console=ttyS0 quiet panic=-1 -- {workload}",
                 "-serial", f"file:{self.console}"]
         subprocess.run(argv, check=True, capture_output=True)
         self.pid = int(self.pidfile.read_text())
@@ -185,3 +190,48 @@ def test_sigkill_then_reset_leaves_the_cgroup_tree_as_found(pve, tmp_path):
     assert reset.returncode == 0, reset.stderr
     assert [g.tree() for g in gs] == before
     assert all(frozen == "0" for g in gs for frozen in [open(f"{g.scope}/cgroup.events").read().split()[-1]])
+
+
+def vcpu_threads(g: PveGuest) -> dict[int, tuple]:
+    """Each vCPU thread's scheduling policy and affinity, read from outside."""
+    return {int(t): (os.sched_getscheduler(int(t)), tuple(sorted(os.sched_getaffinity(int(t)))))
+            for t in os.listdir(f"/proc/{g.pid}/task") if open(f"/proc/{g.pid}/task/{t}/comm").read().startswith("CPU ")}
+
+
+def test_a_realtime_or_confined_guest_is_left_as_the_platform_set_it(pve, guest_image, tmp_path):
+    gs, conf = pve
+    for i in range(len(gs)):
+        tag(conf, i, "cosched-gang-q30")
+    rt = PveGuest("cosched-it-pve-rt", 8103, tmp_path, guest_image, workload="idle")
+    narrow = PveGuest("cosched-it-pve-narrow", 8104, tmp_path, guest_image, workload="idle")
+    try:
+        for g in (rt, narrow):
+            (conf / f"{g.vmid}.conf").write_text(f"cores: 2\nname: {g.name}\ntags: cosched-gang-q30\n")
+        vcpu0 = min(vcpu_threads(rt))
+        os.sched_setscheduler(vcpu0, os.SCHED_FIFO, os.sched_param(1))         # the test guest's own thread
+        subprocess.run(["taskset", "--all-tasks", "--cpu-list", "-p", "1", str(narrow.pid)], check=True,
+                       capture_output=True)                                      # as qm does for affinity: 1
+        before = {g.name: (g.tree(), vcpu_threads(g)) for g in (rt, narrow)}
+        daemon = DaemonProcess(tmp_path, extra_config=f'sources = ["processes"]\npve_config_dir = "{conf}"\n').start()
+        try:
+            daemon.wait(lambda: daemon.status()["daemon"]["engine"]["switches"].get("gang", 0) > 10, 20, "a gang")
+            daemon.wait(lambda: (daemon.domain(rt.name) or {}).get("left_alone")
+                        and "confines it" in ((daemon.domain(narrow.name) or {}).get("error") or ""), 10,
+                        "the realtime guest left alone, the confined one refused")
+            seen = set()
+            end = time.monotonic() + 2
+            while time.monotonic() < end:
+                seen.add(tuple((g.tree() == before[g.name][0], vcpu_threads(g) == before[g.name][1])
+                               for g in (rt, narrow)))
+                time.sleep(0.02)
+            status = {d["name"]: d for d in daemon.status()["domains"]}
+        finally:
+            assert daemon.stop() == 0
+        assert seen == {((True, True), (True, True))}, seen              # never placed, frozen or re-pinned
+        assert status[rt.name]["left_alone"].startswith("realtime vCPUs: vCPU 0 under SCHED_FIFO"), status[rt.name]
+        assert status[narrow.name]["confined"] == {"0": [1], "1": [1]} and not status[narrow.name]["managed"]
+        assert all(status[g.name]["managed"] for g in gs)
+        assert {g.name: (g.tree(), vcpu_threads(g)) for g in (rt, narrow)} == before
+    finally:
+        rt.destroy()
+        narrow.destroy()
