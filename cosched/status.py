@@ -83,6 +83,7 @@ def document(snap: Snapshot | None, views: Mapping, plan: Plan, stats, live: Map
     engine = {
         **engine,
         "realtime_switcher": stats.realtime,
+        "pool": list(plan.pool),
         "switches": dict(stats.switches),
         "forced_thaws": stats.forced_thaws,
         "long_waits_held": {why: stats.long_waits_held.get(why, 0) for why in HELD},

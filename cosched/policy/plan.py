@@ -156,6 +156,7 @@ class Plan:
     left_alone: dict[str, str] = field(default_factory=dict)    # uuid -> why the platform's decisions leave it alone
     confined: dict[str, dict[int, tuple[int, ...]]] = field(default_factory=dict)  # uuid -> vCPU -> CPUs it may use
     max_boosted: int = 0                 # watched vCPUs boosted at once, at most
+    pool: tuple[int, ...] = ()           # the co-scheduling pool: host CPUs less reserved and held ones
 
     def cell_of(self, uuid: str) -> Cell | None:
         return next((c for c in self.cells if any(m.uuid == uuid for m in c.members)), None)
@@ -515,4 +516,4 @@ def plan(snapshot: Snapshot, cfg: PlanConfig) -> Plan:
              + _packed("partial", by_kind["partial"], host, pool, cfg, allowed, rejected))
     watched = _watched(by_kind[BOOST] + by_kind[RELAXED], host, pool, allowed, rejected)
     return Plan(tuple(_lone_relaxed(_rt_budgets(cells + watched, cfg))), rejected, left_alone,
-                {u: a for u, a in allowed.items() if a}, max_boosted=len(pool))
+                {u: a for u, a in allowed.items() if a}, max_boosted=len(pool), pool=tuple(sorted(pool)))

@@ -3,8 +3,8 @@
 A nova-shaped dedicated instance: a 1-vCPU guest pinned by its domain XML to
 CPU 1 (``<cputune><vcpupin>``, as nova writes it for
 ``hw:cpu_policy=dedicated``), whose ``<nova:flavor>`` carries that extra spec
-and ``cosched:policy`` ``gang``, runs beside two 2-vCPU guests annotated
-``gang``. cosched leaves the pinned guest
+and ``cosched:policy`` ``gang``, runs beside two busy 2-vCPU guests that
+``auto`` manages (``default_policy``). cosched leaves the pinned guest
 alone (mode none, the reason in status, explain and the log), takes CPU 1 out
 of its pool (so the two gang guests no longer fit it and are not managed),
 and never freezes, re-pins or boosts the pinned guest; its pinning is what
@@ -46,7 +46,7 @@ def trio(libvirtd, guest_image):
         started[-1].wait_for("cosched-result")
     for name in GANG:
         with guests.paused(started):
-            started.append(guests.start(name, workload="barrier", image=guest_image, policy=guests.annotation("gang")))
+            started.append(guests.start(name, workload="barrier", image=guest_image))
             started[-1].wait_for("cosched-result")
     yield started
     for g in started:
@@ -58,20 +58,26 @@ def state() -> tuple:
     (cg,) = guests.vcpu_cgroups(DEDICATED)["v2"]
     (tid,) = guests.vcpu_threads(DEDICATED)
     return (tuple(map(tuple, dom.vcpuPinInfo(libvirt.VIR_DOMAIN_AFFECT_LIVE))), open(f"{cg}/cgroup.freeze").read().strip(),
-            os.sched_getscheduler(tid))
+            os.sched_getscheduler(tid), tuple(sorted(os.sched_getaffinity(tid))))
+
+
+def shared_affinities() -> set:
+    return {tuple(sorted(os.sched_getaffinity(tid))) for name in GANG for tid in guests.vcpu_threads(name)}
 
 
 def test_a_guest_on_a_dedicated_cpu_is_left_alone_and_its_cpu_leaves_the_pool(trio, tmp_path):
     before = state()
-    assert before[0] == ((False, True),), before
-    daemon = DaemonProcess(tmp_path).start()
+    assert before[0] == ((False, True),) and before[3] == (1,), before
+    daemon = DaemonProcess(tmp_path, extra_config='default_policy = "auto"\n').start()
     try:
         daemon.wait(lambda: (daemon.domain(DEDICATED) or {}).get("left_alone"), 10, "the pinned guest left alone")
-        seen = set()
+        seen, shared = set(), set()
         end = time.monotonic() + 4
         while time.monotonic() < end:
             seen.add(state())
+            shared |= shared_affinities()
             time.sleep(0.05)
+        pool = daemon.status()["daemon"]["engine"]["pool"]
         status = {d["name"]: d for d in daemon.status()["domains"]}
         explain = subprocess.run([sys.executable, "-m", "cosched", "explain", DEDICATED, "--config",
                                   str(daemon.config)], capture_output=True, text=True)
@@ -82,8 +88,9 @@ def test_a_guest_on_a_dedicated_cpu_is_left_alone_and_its_cpu_leaves_the_pool(tr
     ded = status[DEDICATED]
     assert (ded["policy"], ded["policy_source"]) == ("gang", "extra-spec"), ded       # what the flavor asks for
     assert ded["mode"] == "none" and ded["left_alone"].startswith("dedicated CPUs") and not ded["managed"]
-    for name in GANG:                                    # CPU 1 left the pool: a 2-vCPU gang no longer fits
-        assert not status[name]["managed"] and "the co-scheduling pool has 1 CPUs" in status[name]["error"], status[name]
+    for name in GANG:                                    # auto decides for them, within the pool CPU 1 left
+        assert status[name]["policy"] == "auto" and not status[name]["left_alone"], status[name]
+    assert pool == [0] and shared <= {(0, 1), (0,)}, (pool, shared)    # never pinned onto the dedicated CPU
     assert explain.returncode == 0 and "left alone" in explain.stdout and "dedicated CPUs" in explain.stdout
     assert f"domain={DEDICATED} action=left-alone reason='dedicated CPUs" in log
     subprocess.run([sys.executable, "-m", "cosched", "reset", "--config", str(daemon.config)], check=True,
