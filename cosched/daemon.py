@@ -167,7 +167,8 @@ class Daemon:
         snap = self.snapshot
         if snap is None:
             return
-        pool = len(pool_order(snap.host, self.engine.reserved_cpus))
+        # the pool of the last plan: less the CPUs dedicated and realtime guests hold
+        pool = len(self.engine.plan.pool or pool_order(snap.host, self.engine.reserved_cpus))
         under_auto = any(d.policy is not None and d.policy.kind == "auto" for d in snap.domains)
         kvm = self.kvm.read(snap) if self.kvm is not None and under_auto else {}
         with self.auto_lock:
