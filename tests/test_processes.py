@@ -280,3 +280,43 @@ def test_the_vm_id_comes_from_paths_or_the_scope_where_qemu_has_no_id_option(fak
     fake.write("/etc/pve/qemu-server/107.conf", "tags: cosched-relaxed\n")
     (facts,) = ProcessSource(fs, trust=fake.trust).domains()
     assert (facts.uuid, facts.tags) == ("qemu-107", ("cosched-relaxed",))
+
+
+def fake_qmp(path, answers: dict, greeting=b'{"QMP": {"version": {}, "capabilities": []}}\n'):
+    """A QMP server on ``path`` for one client: the greeting, then per
+    command the lines in ``answers`` (an event first, as QEMU may send)."""
+    import socket
+    import threading
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(1)
+
+    def serve():
+        conn, _ = server.accept()
+        with conn:
+            conn.sendall(greeting)
+            buf = b""
+            while True:
+                data = conn.recv(4096)
+                if not data:
+                    return
+                buf += data
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    command = json.loads(line)["execute"]
+                    conn.sendall(b'{"event": "RTC_CHANGE", "data": {}}\n' + answers[command])
+    threading.Thread(target=serve, daemon=True).start()
+    return server
+
+
+def test_qemu_is_asked_over_qmp_with_the_standard_library(tmp_path):
+    from cosched.discovery.qmp import vcpu_threads
+    cpus = b'{"return": [{"cpu-index": 0, "thread-id": 4711}, {"cpu-index": 1, "thread-id": 4712}]}\n'
+    with fake_qmp(tmp_path / "ok.qmp", {"qmp_capabilities": b'{"return": {}}\n', "query-cpus-fast": cpus}):
+        assert vcpu_threads(str(tmp_path / "ok.qmp")) == {0: 4711, 1: 4712}
+    refused = b'{"error": {"class": "CommandNotFound", "desc": "not here"}}\n'
+    with fake_qmp(tmp_path / "err.qmp", {"qmp_capabilities": b'{"return": {}}\n', "query-cpus-fast": refused}):
+        assert vcpu_threads(str(tmp_path / "err.qmp")) is None
+    with fake_qmp(tmp_path / "mute.qmp", {}, greeting=b'{"QMP": {}'):     # never a whole line
+        assert vcpu_threads(str(tmp_path / "mute.qmp"), timeout=0.2) is None
+    assert vcpu_threads(str(tmp_path / "absent.qmp")) is None

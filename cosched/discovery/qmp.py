@@ -2,46 +2,84 @@
 
 For QEMU processes found in /proc with a QMP server socket on their command
 line (Proxmox VE's ``/var/run/qemu-server/VMID.qmp``), discovery asks QEMU
-through the QEMU project's own client library (``qemu.qmp``): each vCPU's
-``cpu-index`` and ``thread-id``. This does not depend on thread names
-(``debug-threads=on``), and is the third witness next to names and cgroups
-(:mod:`cosched.discovery.threads`).
+each vCPU's ``cpu-index`` and ``thread-id``. This does not depend on thread
+names (``debug-threads=on``), and is the third witness next to names and
+cgroups (:mod:`cosched.discovery.threads`).
 
 A QMP server socket serves one client at a time, and the guest's own
 manager (Proxmox's ``qm``, ``qmeventd``) needs it too: cosched connects for
 one query, with a short timeout, and disconnects, and only when it has no
 answer for this process yet or the process's threads changed (vCPU
 hot-plug). A busy or absent socket is no error: the names and cgroups still
-tell.
+tell. The exchange is QMP's own (one JSON object per line: the greeting,
+``qmp_capabilities``, the query; events in between are skipped), spoken
+with the standard library: a client library would be a dependency that
+Debian does not carry, for three lines of protocol.
 """
 from __future__ import annotations
 
-import asyncio
+import json
 import logging
+import socket
 import time
-
-from qemu.qmp import QMPClient, QMPError
 
 log = logging.getLogger("cosched.discovery")
 
 TIMEOUT_S = 1.0
+MAX_REPLY = 1 << 20          # bytes: a reply longer than this is no answer
 
 
-async def _query(path: str, timeout: float) -> dict[int, int]:
-    client = QMPClient("cosched")
-    try:
-        await asyncio.wait_for(client.connect(path), timeout)
-        cpus = await asyncio.wait_for(client.execute("query-cpus-fast"), timeout)
-    finally:
-        await client.disconnect()
+class QmpError(Exception):
+    """QEMU's answer was an error, or not QMP."""
+
+
+def _replies(sock: socket.socket, deadline: float):
+    """The JSON objects QEMU sends, one per line, until ``deadline``."""
+    buf = b""
+    while True:
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            if line.strip():
+                yield json.loads(line)
+        left = deadline - time.monotonic()
+        if left <= 0 or len(buf) > MAX_REPLY:
+            raise TimeoutError("no complete reply in time")
+        sock.settimeout(left)
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("QEMU closed the socket")
+        buf += chunk
+
+
+def _execute(sock: socket.socket, replies, command: str):
+    sock.sendall(json.dumps({"execute": command}).encode() + b"\n")
+    for reply in replies:
+        if "return" in reply:
+            return reply["return"]
+        if "error" in reply:
+            error = reply["error"]
+            raise QmpError(f"{command}: {error.get('desc', error) if isinstance(error, dict) else error}")
+        # an event ({"event": ...}): not ours
+
+
+def _query(path: str, timeout: float) -> dict[int, int]:
+    deadline = time.monotonic() + timeout
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(path)
+        replies = _replies(sock, deadline)
+        if "QMP" not in next(replies):
+            raise QmpError("no QMP greeting")
+        _execute(sock, replies, "qmp_capabilities")
+        cpus = _execute(sock, replies, "query-cpus-fast")
     return {int(c["cpu-index"]): int(c["thread-id"]) for c in cpus}
 
 
 def vcpu_threads(path: str, timeout: float = TIMEOUT_S) -> dict[int, int] | None:
     """``{vCPU index: thread id}`` from the QMP socket at ``path``; None when QEMU cannot say now."""
     try:
-        return asyncio.run(_query(path, timeout))
-    except (OSError, QMPError, asyncio.TimeoutError, KeyError, TypeError, ValueError) as e:
+        return _query(path, timeout)
+    except (OSError, QmpError, StopIteration, KeyError, TypeError, ValueError) as e:
         log.debug("qmp=%s action=query-failed error=%r", path, str(e) or type(e).__name__)
         return None
 
