@@ -11,8 +11,9 @@ APT_PACKAGES := qemu-system-x86 libvirt-daemon-system libvirt-clients libvirt-de
 APT_PACKAGES_LEAN := prometheus
 # what `make install` needs on a production host: no compiler, no QEMU, no Prometheus.
 # libvirt's Python binding comes from Debian (python3-libvirt), seen through a
-# --system-site-packages virtualenv, so nothing is compiled.
-RUNTIME_PACKAGES := python3 python3-venv python3-libvirt python3-psutil libbpf1
+# --system-site-packages virtualenv, so nothing is compiled; so is its
+# Prometheus client (0.16 on Debian 12). Nothing comes from PyPI.
+RUNTIME_PACKAGES := python3 python3-venv python3-libvirt python3-prometheus-client libbpf1
 INSTALL_PYTHON ?= /usr/bin/python3
 
 # `make install` destinations (each can be overridden, e.g. for a staged install)

@@ -21,7 +21,6 @@ import threading
 import time
 from dataclasses import fields, replace
 
-import psutil
 
 from cosched import __version__
 from cosched import config as configfile
@@ -277,7 +276,7 @@ class Daemon:
             "version": __version__,
             "pid": os.getpid(),
             "uptime_seconds": time.time() - self.started,
-            "cpu_seconds": sum(psutil.Process().cpu_times()[:2]),
+            "cpu_seconds": os.times().user + os.times().system,
             "dry_run": self.dry_run,
             "libvirt": {"uri": self.config.connect, "connected": self.source.connected, "error": self.source.last_error},
             "sample_interval_ms": self.config.sample_interval_ms,

@@ -7,9 +7,13 @@ labels. A domain's series disappear with the domain.
 """
 from __future__ import annotations
 
+import socket
+import threading
+from socketserver import ThreadingMixIn
 from typing import Callable
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -165,10 +169,26 @@ class CoschedCollector:
         yield from (switches, latency, lateness, forced, stranded, admission)
 
 
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format, *args):     # a scrape is not worth a log line
+        pass
+
+
 def serve(collector: CoschedCollector, host: str, port: int):
-    """Start the ``/metrics`` HTTP server on a private registry; return it."""
+    """Start the ``/metrics`` HTTP server on a private registry, in a thread
+    of its own; return the server (``shutdown()`` stops it) and the
+    registry. Built from ``make_wsgi_app``, which every prometheus-client
+    since Debian 12's 0.16 has, where ``start_http_server`` returns the
+    server only from 0.20 on."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     ProcessCollector(registry=registry)   # process_cpu_seconds_total: the daemon's own overhead
-    server, _thread = start_http_server(port, addr=host, registry=registry)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    server_class = type("Server", (_Server,), {"address_family": family})
+    server = make_server(host.strip("[]"), port, make_wsgi_app(registry), server_class, handler_class=_Quiet)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return server, registry

@@ -48,7 +48,7 @@ RELEASE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
 # libpam-systemd: debootstrap does not resolve polkitd's "default-logind | logind"
 PACKAGES = ("systemd", "systemd-sysv", "dbus", "libpam-systemd", "systemd-container", "libvirt-daemon-system", "libvirt-clients",
-            "qemu-system-x86", "python3", "python3-venv", "python3-libvirt", "python3-psutil", "make",
+            "qemu-system-x86", "python3", "python3-venv", "python3-libvirt", "python3-prometheus-client", "make",
             "ca-certificates", "procps")
 ROOT = CACHE_DIR / f"systemd-{RELEASE}"
 WHEELS = CACHE_DIR / "wheels"
@@ -87,7 +87,7 @@ def build_root(root: Path = ROOT) -> Path:
     return root
 
 
-FROM_DEBIAN = ("libvirt-python", "psutil")      # make install takes these from Debian (python3-libvirt, ...)
+FROM_DEBIAN = ("libvirt-python", "prometheus-client")   # make install takes these from Debian (python3-libvirt, ...)
 
 
 def runtime_requirements() -> list[str]:
@@ -112,7 +112,7 @@ def wheelhouse() -> Path:
     WHEELS.mkdir(parents=True, exist_ok=True)
     requirements = runtime_requirements() + ["setuptools>=61", "wheel", "pip"]
     r = run([sys.executable, "-m", "pip", "download", "-q", "-d", str(WHEELS), *requirements])
-    if r.returncode != 0 and not any(WHEELS.glob("prometheus_client-*.whl")):
+    if r.returncode != 0 and not any(WHEELS.glob("setuptools-*.whl")):
         raise RuntimeError(f"pip download failed: {r.stderr[-2000:]}")
     return WHEELS
 

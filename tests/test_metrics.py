@@ -60,3 +60,20 @@ def test_host_wide_side_effects_are_metrics():
     text = generate_latest(registry).decode()
     assert "cosched_rt_runtime_stranded_seconds_total 0.3" in text
     assert "cosched_deadline_admission_wrong 1.0" in text
+
+
+def test_metrics_are_served_over_http_and_the_server_stops():
+    """The server is built from what prometheus-client has had since Debian
+    12's 0.16 (``make_wsgi_app``), in a thread of its own."""
+    import urllib.request
+
+    from cosched.metrics import serve
+    server, _ = serve(CoschedCollector(lambda: None, dict), "127.0.0.1", 0)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as r:
+            text = r.read().decode()
+        assert 'cosched_build_info{version="' in text and "process_cpu_seconds_total" in text
+    finally:
+        server.shutdown()
+        server.server_close()
