@@ -1,4 +1,8 @@
-"""The ``cosched`` command: daemon, status, explain, reset, validate, check-config."""
+"""The ``cosched`` command: daemon, status, explain, policy, presets, reset, validate, check-config.
+
+Exit codes follow systemctl's: 0 done, 1 failed (a bad argument, an
+invalid file, an unknown guest), 3 no daemon runs, 4 permission denied.
+"""
 from __future__ import annotations
 
 import argparse
@@ -13,6 +17,8 @@ from cosched.control import request
 
 
 URGENT_NICE = -10
+NO_DAEMON, DENIED = 3, 4             # exit codes, as systemctl's "not running" and "permission denied"
+ANNOTATION_URI, ANNOTATION_KEY = "urn:cosched:libvirt:1", "cosched"
 
 
 def _urgent() -> None:
@@ -145,10 +151,19 @@ def cmd_status(args) -> int:
     except PermissionError:
         print(f"cosched: permission denied on {config.socket_path}: the status socket is root's only "
               f"(mode 0600); run cosched status as root", file=sys.stderr)
-        return 1
+        return DENIED
     if status is None:
         print(f"cosched: no daemon is running (nothing answers on {config.socket_path})", file=sys.stderr)
-        return 1
+        return NO_DAEMON
+    if args.domain:
+        one = [d for d in status["domains"] if d["name"] == args.domain]
+        if not one:
+            print(f"cosched: the daemon sees no running guest named {args.domain!r}", file=sys.stderr)
+            return 1
+        if args.json:
+            print(json.dumps(one[0], indent=2))
+            return 0
+        status = {**status, "domains": one}
     if args.json:
         print(json.dumps(status, indent=2))
         return 0
@@ -220,10 +235,10 @@ def cmd_explain(args) -> int:
         reply = request(config.socket_path, f"explain {args.domain}")
     except PermissionError:
         print(f"cosched: permission denied on {config.socket_path}: run cosched explain as root", file=sys.stderr)
-        return 1
+        return DENIED
     except (OSError, ValueError):
         print(f"cosched: no daemon is running (nothing answers on {config.socket_path})", file=sys.stderr)
-        return 1
+        return NO_DAEMON
     if "error" in reply:
         print(f"cosched explain: {reply['error']}", file=sys.stderr)
         return 1
@@ -312,6 +327,84 @@ def cmd_validate(args) -> int:
     return 0
 
 
+def cmd_presets(args) -> int:
+    """Every preset with its policy, description and parameters (defaults included)."""
+    config = _load_config(args.config)
+    presets = _presets(config)
+    for name in sorted(presets.by_name):
+        p = presets.by_name[name]
+        params = " ".join(f"{k}={','.join(v) if isinstance(v, tuple) else str(v).lower() if isinstance(v, bool) else v}"
+                          for k, v in p.params)
+        print(f"{name}: policy {p.kind}{' - ' + p.description if p.description else ''}\n  {params or '(no parameters)'}")
+    for error in presets.errors:
+        print(f"cosched: {error}", file=sys.stderr)
+    return 1 if presets.errors else 0
+
+
+def _annotation(preset: str, pairs: list[str]) -> str:
+    """The annotation element for ``preset`` with ``key=value`` pairs (ValueError: a malformed pair)."""
+    from xml.sax.saxutils import quoteattr
+    attrs = [f"name={quoteattr(preset)}"]
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{pair!r}: expected key=value")
+        attrs.append(f"{key}={quoteattr(value)}")
+    return f'<policy {" ".join(attrs)}/>'
+
+
+def cmd_policy(args) -> int:
+    """Show, set or clear a libvirt guest's annotation, live and in its
+    persistent definition."""
+    import libvirt
+
+    from cosched.annotation import AnnotationError, domain_policy
+    from cosched.policy.params import ParamError
+
+    config = _load_config(args.config)
+    libvirt.registerErrorHandler(lambda *_: None, None)
+    try:
+        conn = libvirt.open(config.connect)
+        dom = conn.lookupByName(args.domain)
+    except libvirt.libvirtError as e:
+        denied = e.get_error_code() in (libvirt.VIR_ERR_AUTH_FAILED, libvirt.VIR_ERR_OPERATION_DENIED,
+                                        libvirt.VIR_ERR_ACCESS_DENIED)
+        print(f"cosched policy: {args.domain}: {e.get_error_message()}", file=sys.stderr)
+        return DENIED if denied else 1
+    flags = (libvirt.VIR_DOMAIN_AFFECT_LIVE if dom.isActive() else 0) | (
+        libvirt.VIR_DOMAIN_AFFECT_CONFIG if dom.isPersistent() else 0)
+    where = " and ".join(w for w, f in (("running guest", libvirt.VIR_DOMAIN_AFFECT_LIVE),
+                                         ("persistent definition", libvirt.VIR_DOMAIN_AFFECT_CONFIG)) if flags & f)
+    if args.clear or args.preset:
+        element = None
+        if args.preset:
+            try:
+                element = _annotation(args.preset, args.params)
+                domain_policy(f'<domain><metadata><cosched:policy xmlns:cosched="{ANNOTATION_URI}" '
+                              f'{element[len("<policy "):-2]}/></metadata></domain>', _presets(config),
+                              config.default_policy, config.flavor_policies)
+            except (ValueError, AnnotationError, ParamError) as e:
+                print(f"cosched policy: {args.domain}: invalid: {e}", file=sys.stderr)
+                return 1
+        try:
+            dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, element, ANNOTATION_KEY if element else None,
+                            ANNOTATION_URI, flags)
+        except libvirt.libvirtError as e:
+            print(f"cosched policy: {args.domain}: {e.get_error_message()}", file=sys.stderr)
+            return 1
+        print(f"{args.domain}: {'policy ' + element if element else 'policy cleared'} ({where})")
+        return 0
+    for what, flag in (("running guest", libvirt.VIR_DOMAIN_AFFECT_LIVE),
+                       ("persistent definition", libvirt.VIR_DOMAIN_AFFECT_CONFIG)):
+        if flags & flag:
+            try:
+                text = dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, ANNOTATION_URI, flag)
+            except libvirt.libvirtError:
+                text = None
+            print(f"{args.domain} ({what}): {text.strip() if text else 'no annotation (default_policy applies)'}")
+    return 0
+
+
 def cmd_check_config(args) -> int:
     try:
         config = load(args.path)
@@ -343,17 +436,32 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     d.set_defaults(func=cmd_daemon)
 
+    config_help = f"configuration file (default {DEFAULT_PATH} if present): where the daemon's socket is"
     s = sub.add_parser("status", help="ask the running daemon what it sees")
-    s.add_argument("--json", action="store_true", help="the full status document")
+    s.add_argument("domain", nargs="?", help="one guest only")
+    s.add_argument("--json", action="store_true", help="the full status document (one guest's, with DOMAIN)")
     s.add_argument("--watch", type=float, metavar="SECONDS", help="redraw with rates every SECONDS")
-    s.add_argument("--config", help=argparse.SUPPRESS)
+    s.add_argument("--config", help=config_help)
     s.set_defaults(func=cmd_status)
 
     e = sub.add_parser("explain", help="why auto runs a guest in its mode: evidence, scores, decision")
     e.add_argument("domain")
     e.add_argument("--json", action="store_true", help="the explanation as JSON")
-    e.add_argument("--config", help=argparse.SUPPRESS)
+    e.add_argument("--config", help=config_help)
     e.set_defaults(func=cmd_explain)
+
+    o = sub.add_parser("policy", help="show, set or clear a libvirt guest's policy annotation (live and persistent)")
+    o.add_argument("domain")
+    o.add_argument("preset", nargs="?", help="the preset to set (see cosched presets)")
+    o.add_argument("params", nargs="*", metavar="KEY=VALUE", help="parameters over the preset's")
+    o.add_argument("--clear", action="store_true", help="remove the annotation: default_policy applies")
+    o.add_argument("--config", help=f"configuration file (default {DEFAULT_PATH} if present): libvirt URI, "
+                                    "presets to check the annotation against")
+    o.set_defaults(func=cmd_policy)
+
+    ps = sub.add_parser("presets", help="list the presets, their policies and parameters with defaults")
+    ps.add_argument("--config", help=f"configuration file (default {DEFAULT_PATH} if present): site presets")
+    ps.set_defaults(func=cmd_presets)
 
     v = sub.add_parser("validate", help="check the cosched annotation of a domain XML file")
     v.add_argument("file")
@@ -361,11 +469,11 @@ def parser() -> argparse.ArgumentParser:
     v.set_defaults(func=cmd_validate)
 
     r = sub.add_parser("reset", help="restore everything the daemon changed on the host")
-    r.add_argument("--config", help=argparse.SUPPRESS)
+    r.add_argument("--config", help=f"configuration file (default {DEFAULT_PATH} if present): where the journal is")
     r.set_defaults(func=cmd_reset)
 
     c = sub.add_parser("check-config", help="validate a configuration file")
-    c.add_argument("path")
+    c.add_argument("path", nargs="?", default=DEFAULT_PATH, help=f"default {DEFAULT_PATH}")
     c.set_defaults(func=cmd_check_config)
     return p
 

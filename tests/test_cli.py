@@ -1,9 +1,11 @@
+import json
 import os
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
+import pytest
 
 from cosched.cli import main, render
 
@@ -65,14 +67,14 @@ def test_check_config(tmp_path, capsys):
 def test_status_without_daemon(tmp_path, capsys):
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'state_dir = "{tmp_path}"\n')
-    assert main(["status", "--config", str(cfg)]) == 1
+    assert main(["status", "--config", str(cfg)]) == 3                    # systemctl's "not running"
     assert "no daemon" in capsys.readouterr().err
 
 
 def test_explain_without_daemon(tmp_path, capsys):
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'state_dir = "{tmp_path}"\n')
-    assert main(["explain", "vm1", "--config", str(cfg)]) == 1
+    assert main(["explain", "vm1", "--config", str(cfg)]) == 3
     assert "no daemon" in capsys.readouterr().err
 
 
@@ -154,7 +156,7 @@ def test_status_as_a_user_who_may_not_ask_says_permission_denied():
         server.stop()
     text = err.read_text()
     shutil.rmtree(tmp_path)
-    assert os.waitstatus_to_exitcode(status) == 1, text
+    assert os.waitstatus_to_exitcode(status) == 4, text                # systemctl's "permission denied"
     assert "permission denied" in text and "no daemon" not in text, text
 
 
@@ -184,3 +186,41 @@ def test_reset_restores_what_a_damaged_journal_still_holds_and_names_the_rest(tm
     assert "journal damaged" in err and "line 3: checksum mismatch" in err, err
     assert [f.read_text() for f in files] == ["0", "1"]           # the readable entry restored
     assert main(["reset", "--config", str(config)]) == 0          # nothing left that it knows of
+
+
+def test_presets_are_listed_with_their_parameters_and_defaults(tmp_path, capsys):
+    from cosched.cli import main
+    site = tmp_path / "policies.d"
+    site.mkdir()
+    (site / "fast-gang.toml").write_text('policy = "gang"\ndescription = "short slots"\n[parameters]\nquantum-ms = 20\n')
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'presets_dirs = ["{site}"]\n')
+    assert main(["presets", "--config", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert "fast-gang: policy gang - short slots\n  boost=true priority=1 quantum-ms=20 weight=1" in out
+    assert "auto: policy auto" in out and "allow=none,boost,relaxed,gang,partial" in out
+
+
+def test_status_of_one_guest(tmp_path, capsys):
+    from cosched.cli import main
+    from cosched.control import ControlServer
+    doc = {"host": {}, "daemon": {}, "domains": [{"name": "vm1", "x": 1}, {"name": "vm2", "x": 2}]}
+    server = ControlServer(str(tmp_path / "state" / "cosched.sock"), lambda what: doc)
+    server.start()
+    server.serve()
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'state_dir = "{tmp_path / "state"}"\n')
+    try:
+        assert main(["status", "vm2", "--json", "--config", str(cfg)]) == 0
+        assert json.loads(capsys.readouterr().out) == {"name": "vm2", "x": 2}
+        assert main(["status", "vm3", "--config", str(cfg)]) == 1
+        assert "no running guest named 'vm3'" in capsys.readouterr().err
+    finally:
+        server.stop()
+
+
+def test_an_annotation_is_checked_before_it_is_written():
+    from cosched.cli import _annotation
+    assert _annotation("gang", ["quantum-ms=20"]) == '<policy name="gang" quantum-ms="20"/>'
+    with pytest.raises(ValueError):
+        _annotation("gang", ["quantum-ms"])
