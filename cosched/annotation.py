@@ -180,6 +180,22 @@ class TagError(AnnotationError):
         self.attribute = tag
 
 
+def policy_tag(preset: str, params: dict[str, str]) -> str:
+    """The tag that asks for ``preset`` with ``params`` (the grammar above);
+    :class:`AnnotationError` for a parameter no tag can say."""
+    by_param = {p: a for a, p in TAG_ALIASES.items()}
+    words = [preset]
+    for key, value in params.items():
+        if key == "boost" and value.lower() in ("true", "false"):
+            words.append("boost" if value.lower() == "true" else "noboost")
+        elif key in by_param and value.isdigit():
+            words.append(f"{by_param[key]}{value}")
+        else:
+            raise AnnotationError(key, f"a Proxmox tag cannot say {key}={value} (tags take "
+                                       f"{', '.join(sorted(by_param))} as numbers, and boost)")
+    return TAG_PREFIX + "-".join(words)
+
+
 def tag_policy(tags, presets: Presets, default_preset: str) -> PolicySpec:
     """The policy a Proxmox VE guest's tags ask for (grammar above), else ``default_preset``."""
     ours = [t for t in tags if t.lower().startswith(TAG_PREFIX)]

@@ -354,8 +354,9 @@ def _annotation(preset: str, pairs: list[str]) -> str:
 
 
 def cmd_policy(args) -> int:
-    """Show, set or clear a libvirt guest's annotation, live and in its
-    persistent definition."""
+    """Show, set or clear a guest's policy where the platform keeps it: a
+    libvirt guest's annotation, live and in its persistent definition; else
+    a Proxmox VE guest's ``cosched-`` tag, its other tags kept."""
     import libvirt
 
     from cosched.annotation import AnnotationError, domain_policy
@@ -367,6 +368,10 @@ def cmd_policy(args) -> int:
         conn = libvirt.open(config.connect)
         dom = conn.lookupByName(args.domain)
     except libvirt.libvirtError as e:
+        from cosched.discovery.processes import guest_config
+        pve = guest_config(config.pve_config_dir, args.domain)
+        if pve is not None:
+            return _pve_policy(args, config, pve)
         denied = e.get_error_code() in (libvirt.VIR_ERR_AUTH_FAILED, libvirt.VIR_ERR_OPERATION_DENIED,
                                         libvirt.VIR_ERR_ACCESS_DENIED)
         print(f"cosched policy: {args.domain}: {e.get_error_message()}", file=sys.stderr)
@@ -402,6 +407,46 @@ def cmd_policy(args) -> int:
             except libvirt.libvirtError:
                 text = None
             print(f"{args.domain} ({what}): {text.strip() if text else 'no annotation (default_policy applies)'}")
+    return 0
+
+
+def _pve_policy(args, config: Config, path: str) -> int:
+    """``cosched policy`` for a Proxmox VE guest: its ``cosched-`` tag, the others kept."""
+    from cosched.annotation import AnnotationError, policy_tag, tag_policy
+    from cosched.discovery.processes import pve_tags, with_tag
+    from cosched.policy.params import ParamError
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except PermissionError as e:
+        print(f"cosched policy: {path}: {e.strerror}", file=sys.stderr)
+        return DENIED
+    except OSError as e:
+        print(f"cosched policy: {path}: {e.strerror}", file=sys.stderr)
+        return 1
+    if not (args.clear or args.preset):
+        ours = [t for t in pve_tags(text) if t.lower().startswith("cosched-")]
+        print(f"{args.domain} ({path}): {', '.join(ours) if ours else 'no cosched- tag (default_policy applies)'}")
+        return 0
+    tag = None
+    if args.preset:
+        try:
+            params = dict(p.partition("=")[::2] for p in args.params)
+            if any(not k or not v for k, v in params.items()):
+                raise ValueError("expected key=value")
+            tag = policy_tag(args.preset, params)
+            tag_policy((tag,), _presets(config), config.default_policy)
+        except (ValueError, AnnotationError, ParamError) as e:
+            print(f"cosched policy: {args.domain}: invalid: {e}", file=sys.stderr)
+            return 1
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(with_tag(text, tag))
+    except OSError as e:
+        print(f"cosched policy: {path}: {e.strerror}", file=sys.stderr)
+        return DENIED if isinstance(e, PermissionError) else 1
+    print(f"{args.domain}: {'tag ' + tag if tag else 'cosched- tag removed'} ({path}; other tags kept)")
     return 0
 
 
@@ -450,7 +495,8 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--config", help=config_help)
     e.set_defaults(func=cmd_explain)
 
-    o = sub.add_parser("policy", help="show, set or clear a libvirt guest's policy annotation (live and persistent)")
+    o = sub.add_parser("policy", help="show, set or clear a guest's policy: a libvirt guest's annotation (live and "
+                                      "persistent), a Proxmox VE guest's cosched- tag")
     o.add_argument("domain")
     o.add_argument("preset", nargs="?", help="the preset to set (see cosched presets)")
     o.add_argument("params", nargs="*", metavar="KEY=VALUE", help="parameters over the preset's")

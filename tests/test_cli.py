@@ -224,3 +224,23 @@ def test_an_annotation_is_checked_before_it_is_written():
     assert _annotation("gang", ["quantum-ms=20"]) == '<policy name="gang" quantum-ms="20"/>'
     with pytest.raises(ValueError):
         _annotation("gang", ["quantum-ms"])
+
+
+def test_a_proxmox_guest_s_policy_is_its_cosched_tag_and_the_other_tags_stay(tmp_path, capsys):
+    from cosched.discovery.processes import with_tag
+    pve = tmp_path / "qemu-server"
+    pve.mkdir()
+    conf = pve / "105.conf"
+    conf.write_text("cores: 2\nname: web1\ntags: prod;cosched-gang-q30;web\n\n[snap1]\ntags: old\n")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'connect = "test:///default"\npve_config_dir = "{pve}"\n')
+    assert main(["policy", "web1", "--config", str(cfg)]) == 0
+    assert "cosched-gang-q30" in capsys.readouterr().out
+    assert main(["policy", "105", "gang", "quantum-ms=20", "boost=false", "--config", str(cfg)]) == 0
+    assert conf.read_text() == "cores: 2\nname: web1\ntags: prod;web;cosched-gang-q20-noboost\n\n[snap1]\ntags: old\n"
+    assert main(["policy", "web1", "auto", "allow=none,gang", "--config", str(cfg)]) == 1   # no tag says that
+    assert "cannot say allow" in capsys.readouterr().err
+    assert main(["policy", "web1", "--clear", "--config", str(cfg)]) == 0
+    assert conf.read_text() == "cores: 2\nname: web1\ntags: prod;web\n\n[snap1]\ntags: old\n"
+    assert with_tag("cores: 2\n\n[s]\n", "cosched-gang") == "cores: 2\ntags: cosched-gang\n\n[s]\n"
+    assert with_tag("tags: cosched-gang\n", None) == ""

@@ -60,6 +60,53 @@ def pve_tags(text: str) -> tuple[str, ...]:
     return ()
 
 
+def with_tag(text: str, tag: str | None) -> str:
+    """A Proxmox VE guest configuration with its ``cosched-`` tag replaced
+    by ``tag`` (None: removed) and every other tag kept, in its current
+    section (snapshots, in ``[name]`` sections, are left as they are)."""
+    lines = text.splitlines(keepends=True)
+    end = next((i for i, line in enumerate(lines) if line.startswith("[")), len(lines))
+    at = next((i for i in range(end) if lines[i].partition(":")[0].strip() == "tags" and ":" in lines[i]), None)
+    kept = [t for t in pve_tags(text) if not t.lower().startswith("cosched-")] + ([tag] if tag else [])
+    line = f"tags: {';'.join(kept)}\n" if kept else ""
+    if at is not None:
+        lines[at] = line
+    elif line:
+        while end > 0 and not lines[end - 1].strip():      # before the blank line that ends the section
+            end -= 1
+        if end > 0 and not lines[end - 1].endswith("\n"):
+            lines[end - 1] += "\n"
+        lines.insert(end, line)
+    return "".join(lines)
+
+
+def guest_config(pve_dir: str, name: str) -> str | None:
+    """The configuration file of the Proxmox VE guest named ``name`` (or
+    whose VMID it is), None when there is none."""
+    import os
+    try:
+        entries = sorted(os.listdir(pve_dir))
+    except OSError:
+        return None
+    for entry in entries:
+        if not entry.endswith(".conf"):
+            continue
+        path = os.path.join(pve_dir, entry)
+        if entry[:-5] == name:
+            return path
+        try:
+            with open(path, encoding="utf-8") as f:
+                for line in f:
+                    if line.startswith("["):
+                        break
+                    key, sep, value = line.partition(":")
+                    if sep and key.strip() == "name" and value.strip() == name:
+                        return path
+        except OSError:
+            continue
+    return None
+
+
 class ProcessSource:
     """Guests that are QEMU processes of their own (see the module doc). Always "connected"."""
 
