@@ -188,8 +188,12 @@ def render_explain(e: dict) -> str:
     if e.get("left_alone"):
         return (f"domain {e['domain']}: mode none, left alone (policy {e.get('policy')})\n"
                 f"  why: {e['left_alone']}")
-    lines = [f"domain {e['domain']}: mode {e['mode']} (auto, allowed: {', '.join(e['allow'])})",
-             f"  decision: {e['reason']}"]
+    if "why" in e:
+        lines = [f"domain {e['domain']}: mode {e['mode'] or 'none (not managed)'} (policy {e.get('policy')})",
+                 f"  why: {e['why']}"]
+    else:
+        lines = [f"domain {e['domain']}: mode {e['mode']} (auto, allowed: {', '.join(e['allow'])})",
+                 f"  decision: {e['reason']}"]
     for mode, reason in (e.get("refused") or {}).items():
         lines.append(f"  chosen {e.get('chosen', mode)}; the planner cannot take {mode}: {reason}")
     sig = e.get("signals") or {}
@@ -229,7 +233,7 @@ def render_explain(e: dict) -> str:
 
 
 def cmd_explain(args) -> int:
-    """Why auto runs a guest in the mode it does."""
+    """Why a guest runs as it does (for auto: evidence, scores, decision)."""
     config = _load_config(args.config)
     try:
         reply = request(config.socket_path, f"explain {args.domain}")
@@ -489,7 +493,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--config", help=config_help)
     s.set_defaults(func=cmd_status)
 
-    e = sub.add_parser("explain", help="why auto runs a guest in its mode: evidence, scores, decision")
+    e = sub.add_parser("explain", help="why a guest runs as it does; for auto: evidence, scores, decision")
     e.add_argument("domain")
     e.add_argument("--json", action="store_true", help="the explanation as JSON")
     e.add_argument("--config", help=config_help)

@@ -205,29 +205,57 @@ class Daemon:
         return out
 
     def explain(self, name: str) -> dict:
-        """``cosched explain NAME``: the evidence, scores and decision of a guest under auto."""
+        """``cosched explain NAME``: why the guest runs as it does. Under
+        auto: the evidence, scores and decision; otherwise what its policy
+        asks and what the plan made of it (its cell and slot, or why it is
+        not managed); for any guest, the host's composition."""
         d = self.snapshot.domain(name) if self.snapshot else None
         if d is None:
             return {"error": f"no domain named {name!r} is running"}
-        if d.uuid in self.engine.plan.left_alone:
-            return {"domain": name, "mode": "none", "left_alone": self.engine.plan.left_alone[d.uuid],
+        plan = self.engine.plan
+        if d.uuid in plan.left_alone:
+            return {"domain": name, "mode": "none", "left_alone": plan.left_alone[d.uuid],
                     "policy": d.policy.preset if d.policy else None}
         if d.policy is None or d.policy.kind != "auto":
-            return {"error": f"domain {name} is not under auto (policy {d.policy.preset if d.policy else 'invalid'})"}
+            return {"domain": name, "policy": d.policy.preset if d.policy else None,
+                    "mode": plan.mode_of(d.uuid), "why": self._why(d), "host": self._host()}
         got = self.auto.explain(d.uuid)
-        cells = self.engine.plan.composition()
-        for c in cells:                        # what each auto guest in a rotation suffers: its vCPUs apart
-            for slot in c["slots"]:
-                ch = self.auto.chooser.guests.get(slot["uuid"])
-                slot["hazard_per_second"] = ch.hazard if ch is not None else None
-        host = {"cells": cells,
-                "free": sorted(x.name for x in self.snapshot.domains if x.uuid in self.auto.in_force
-                               and self.engine.plan.cell_of(x.uuid) is None)}
+        host = self._host()
         if got is None:
             return {"domain": name, "mode": "none", "chosen": "none", "refused": {}, "reason": "no evidence yet",
                     "scores": {}, "signals": {}, "last_window": None, "allow": list(dict(d.policy.params)["allow"]),
                     "hosted": False, "host": host}
         return {"domain": name, "allow": list(dict(d.policy.params)["allow"]), **got, "host": host}
+
+    def _why(self, d) -> str:
+        """Why a guest not under auto runs as it does."""
+        plan = self.engine.plan
+        if d.error:
+            return f"not managed: its policy is invalid: {d.error}"
+        if d.uuid in plan.rejected:
+            return plan.rejected[d.uuid]
+        cell = plan.cell_of(d.uuid)
+        if cell is None:
+            return ("policy none: observed, never frozen, pinned or boosted" if d.policy.kind == "none" else
+                    "not planned yet (its vCPU threads are still being found)")
+        if cell.kind in ("gang", "partial"):
+            member = plan.member(d.uuid)
+            return (f"{cell.kind}: takes its turn in cell {cell.id} (CPUs {','.join(map(str, cell.cpus))}): a slot "
+                    f"of {member.slot_ms} ms in a cycle of {cell.cycle_ms} ms, frozen in the others' slots"
+                    + (f"; {cell.note}" if cell.note else ""))
+        return f"{cell.kind}: watched on its own by the switcher" + (f"; {cell.note}" if cell.note else "")
+
+    def _host(self) -> dict:
+        """The host's composition: each cell's slots in turn, and auto's guests left free."""
+        plan = self.engine.plan
+        cells = plan.composition()
+        for c in cells:                        # what each auto guest in a rotation suffers: its vCPUs apart
+            for slot in c["slots"]:
+                ch = self.auto.chooser.guests.get(slot["uuid"])
+                slot["hazard_per_second"] = ch.hazard if ch is not None else None
+        return {"cells": cells,
+                "free": sorted(x.name for x in self.snapshot.domains if x.uuid in self.auto.in_force
+                               and plan.cell_of(x.uuid) is None)}
 
     # -- health ---------------------------------------------------------
     def summary(self) -> str:

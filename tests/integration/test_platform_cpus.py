@@ -137,8 +137,14 @@ def test_a_guest_confined_by_its_cgroup_is_planned_inside_it_or_not_at_all(confi
                 seen[name].add(outside(name))
             time.sleep(0.02)
         status = {d["name"]: d for d in daemon.status()["domains"]}
+        why = {name: daemon.explain(name) for name in (ONE, TWO)}
+        text = subprocess.run([sys.executable, "-m", "cosched", "explain", TWO, "--config", str(daemon.config)],
+                              capture_output=True, text=True)
     finally:
         assert daemon.stop() == 0
+    assert why[ONE]["mode"] == "gang" and why[ONE]["why"].startswith("gang: takes its turn in cell gang"), why[ONE]
+    assert why[TWO]["mode"] is None and "confines it" in why[TWO]["why"], why[TWO]
+    assert text.returncode == 0 and "mode none (not managed) (policy gang)" in text.stdout, text.stdout + text.stderr
     assert {a for s in seen[ONE] for a, _ in s} == {(1,)}, seen[ONE]          # never outside CPU 1
     assert {f for s in seen[ONE] for _, f in s} == {"0", "1"}, seen[ONE]      # and taking its turns
     assert seen[TWO] == {before[TWO]}, seen[TWO]                               # never pinned nor frozen
