@@ -107,7 +107,7 @@ install: runtime-deps
 	$(INSTALL_PYTHON) -m venv --system-site-packages $(LIBDIR)
 	$(LIBDIR)/bin/pip install -q --upgrade pip
 	$(LIBDIR)/bin/pip install -q .
-	install -d $(BINDIR) $(UNITDIR) $(SYSCONFDIR)/policies.d $(DOCDIR) \
+	install -d $(BINDIR) $(UNITDIR) $(SYSCONFDIR)/policies.d $(DOCDIR)/examples \
 	    $(SHAREDIR)/grafana/dashboards $(SHAREDIR)/grafana/provisioning/dashboards \
 	    $(SHAREDIR)/grafana/provisioning/datasources $(SHAREDIR)/prometheus
 	ln -sfn $(LIBDIR)/bin/cosched $(BINDIR)/cosched
@@ -121,6 +121,7 @@ install: runtime-deps
 	for f in deploy/prometheus/*.yml; do \
 	    sed -e 's#/usr/local/share/doc/cosched#$(DOCDIR)#g' $$f > $(SHAREDIR)/prometheus/$$(basename $$f); done
 	install -m 0644 README.md docs/fleet.md $(DOCDIR)/
+	install -m 0644 vm-templates/examples/* $(DOCDIR)/examples/
 	if [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
 	@echo "installed; next: edit $(SYSCONFDIR)/cosched.toml, then systemctl enable --now cosched"
 

@@ -323,7 +323,8 @@ def cmd_validate(args) -> int:
     except (AnnotationError, ParamError) as e:
         print(f"{args.file}: invalid: {e}", file=sys.stderr)
         return 1
-    params = " ".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in spec.params)
+    params = " ".join(f"{k}={','.join(v) if isinstance(v, tuple) else str(v).lower() if isinstance(v, bool) else v}"
+                      for k, v in spec.params)
     origin = {"annotation": "annotation", "extra-spec": "the flavor's cosched:policy extra spec",
               "flavor": "a flavor_policies rule"}.get(spec.source,
                                                        f"no annotation, default_policy {config.default_policy!r}")

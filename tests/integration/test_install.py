@@ -44,6 +44,8 @@ def test_install_then_uninstall(tmp_path):
     assert (share / "prometheus/cosched-fleet-rules.yml").exists()
     assert (root / "usr/local/share/doc/cosched/README.md").exists()
     assert (root / "usr/local/share/doc/cosched/fleet.md").exists()
+    assert sorted(p.name for p in (root / "usr/local/share/doc/cosched/examples").iterdir()) == sorted(
+        p.name for p in (REPO / "vm-templates/examples").iterdir())
     alerts = (share / "prometheus/cosched-alerts.yml").read_text()
     assert f"runbook_url: \"file://{root}/usr/local/share/doc/cosched/README.md#" in alerts
     # only what runs: libvirt's binding is Debian's (nothing compiled), no test or benchmark extras
