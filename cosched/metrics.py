@@ -166,7 +166,15 @@ class CoschedCollector:
             "1 while the kernel's deadline admission total is wrong and cosched could not recount it "
             "(SCHED_DEADLINE requests on the host are refused)")
         admission.add_metric([], 1 if s.admission_wrong else 0)
-        yield from (switches, latency, lateness, forced, stranded, admission)
+        errors = CounterMetricFamily(
+            "cosched_errors", "Problems the engine and its switcher reported (a write the kernel refused, a vCPU "
+            "that would not freeze, a stalled switcher...): each in the log and the status' errors")
+        errors.add_metric([], s.error_count)
+        damage = GaugeMetricFamily(
+            "cosched_journal_damaged_lines",
+            "Lines of the state journal found damaged at start: originals that may be lost (see the log)")
+        damage.add_metric([], s.journal_damage)
+        yield from (switches, latency, lateness, forced, stranded, admission, errors, damage)
 
 
 class _Server(ThreadingMixIn, WSGIServer):

@@ -83,7 +83,7 @@ def test_every_alert_has_a_runbook_in_the_readme():
     anchors = {re.sub(r"[^a-z0-9 _-]", "", h.strip().lower()).replace(" ", "-")
                for h in re.findall(r"^#+ (.*)$", readme, re.M)}
     alerts = [r for g in rules["groups"] for r in g["rules"]]
-    assert len(alerts) == 13
+    assert len(alerts) == 15
     for rule in alerts:
         url = rule["annotations"]["runbook_url"]
         assert url.startswith("file:///usr/local/share/doc/cosched/README.md#"), url
@@ -94,7 +94,7 @@ def test_alert_rules_check_and_unit_tests_pass():
     prom = DEPLOY / "prometheus"
     r = run("promtool", "check", "rules", "cosched-alerts.yml", cwd=prom)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "SUCCESS: 13 rules found" in r.stdout
+    assert "SUCCESS: 15 rules found" in r.stdout
     r = run("promtool", "check", "rules", "cosched-fleet-rules.yml", cwd=prom)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "SUCCESS: 9 rules found" in r.stdout

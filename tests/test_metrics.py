@@ -53,13 +53,14 @@ def test_host_wide_side_effects_are_metrics():
         plan = None
 
         def stats(self):
-            return EngineStats(rt_stranded_us=300_000, admission_wrong=True)
+            return EngineStats(rt_stranded_us=300_000, admission_wrong=True, error_count=7, journal_damage=2)
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(CoschedCollector(lambda: None, dict, Engine()))
     text = generate_latest(registry).decode()
     assert "cosched_rt_runtime_stranded_seconds_total 0.3" in text
     assert "cosched_deadline_admission_wrong 1.0" in text
+    assert "cosched_errors_total 7.0" in text and "cosched_journal_damaged_lines 2.0" in text
 
 
 def test_metrics_are_served_over_http_and_the_server_stops():

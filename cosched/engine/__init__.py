@@ -71,6 +71,8 @@ class EngineStats:
     boost_failed: dict[str, str] = field(default_factory=dict)
     realtime: bool | None = None
     rt_stranded_us: int = 0              # RT runtime granted to cgroups removed while holding it
+    error_count: int = 0                 # problems reported so far (errors keeps the last 50)
+    journal_damage: int = 0              # lines of the journal found damaged at start
     admission_wrong: bool = False        # the kernel's deadline admission total is wrong and was not recounted
 
 
@@ -120,7 +122,7 @@ class Engine:
         self.resync = resync
         self.plan = Plan()
         self.paused = False
-        self._stats = EngineStats()
+        self._stats = EngineStats(journal_damage=len(journal.damage))
         self.lock = threading.Lock()          # guards _stats
         self.op_lock = threading.RLock()      # one reconcile / release at a time
         self._proc = None
@@ -489,6 +491,7 @@ class Engine:
             with self.lock:
                 self._stats.forced_thaws += frozen
                 self._stats.errors.append(f"switcher silent for {1000 * silent:.0f} ms: killed and restarted")
+                self._stats.error_count += 1
             proc.stalled = True
             proc.kill()
             # killed, it runs no more of its code, but its exit (and the end of its output, which the
@@ -518,6 +521,7 @@ class Engine:
             s.long_waits_held.update(msg.long_waits_held)
             s.long_waits_reported += msg.long_waits_reported
             s.errors.extend(msg.errors)
+            s.error_count += len(msg.errors)
             s.active = dict(msg.active)
             s.boost_failed = dict(msg.boost_failed)
 

@@ -148,7 +148,7 @@ def test_every_rule_evaluates_and_the_policy_error_is_pending(stack):
             break
         assert time.monotonic() < deadline, rules
         time.sleep(0.5)
-    assert len([r for r in rules if r["type"] == "alerting"]) == 13 and len(rules) == 13 + 9
+    assert len([r for r in rules if r["type"] == "alerting"]) == 15 and len(rules) == 15 + 9
     bad = {r["name"]: (r["health"], r.get("lastError")) for r in rules if r["health"] != "ok"}
     assert not bad, bad
     policy = next(r for r in rules if r["name"] == "CoschedGuestPolicyError")
@@ -159,9 +159,9 @@ def test_every_rule_evaluates_and_the_policy_error_is_pending(stack):
     # a healthy daemon: its health series exist, with healthy values, and their alerts are quiet
     for name, value in (("cosched_libvirt_connected", "1"), ("cosched_healthy", "1"), ("cosched_preset_errors", "0"),
                         ("cosched_switcher_realtime", "1"), ("cosched_deadline_admission_wrong", "0"),
-                        ("cosched_rt_runtime_stranded_seconds_total", "0")):
+                        ("cosched_rt_runtime_stranded_seconds_total", "0"), ("cosched_journal_damaged_lines", "0")):
         result = prom.get("/api/v1/query", query=f'{name}{{instance="127.0.0.1:{d.port}"}}')["data"]["result"]
         assert [r["value"][1] for r in result] == [value], (name, result)
     for quiet in ("CoschedLibvirtDisconnected", "CoschedUnhealthy", "CoschedPresetErrors", "CoschedSwitcherNotRealtime",
-                  "CoschedDeadlineAdmissionWrong", "CoschedRtRuntimeStranded"):
+                  "CoschedDeadlineAdmissionWrong", "CoschedRtRuntimeStranded", "CoschedJournalDamaged", "CoschedErrors"):
         assert next(r for r in rules if r["name"] == quiet)["alerts"] == [], quiet
