@@ -280,6 +280,7 @@ class Daemon:
                 "late_samples": self.sampler.late, "sample_period": self.sampler.period,
                 "preset_errors": len(self.presets.errors),
                 "switcher_realtime": self.engine.stats().realtime, "healthy": not self._unhealthy,
+                "observation": self.sampler.source,
                 "ignored_processes": self.source.ignored() if hasattr(self.source, "ignored") else {}}
 
     # -- status ---------------------------------------------------------

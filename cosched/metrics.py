@@ -140,7 +140,12 @@ class CoschedCollector:
             labels=["reason"])
         for reason in REASONS:
             ignored.add_metric([reason], h.get("ignored_processes", {}).get(reason, 0))
-        yield from (connected, samples, late, period, presets, realtime, healthy, ignored)
+        observation = GaugeMetricFamily(
+            "cosched_observation", "1 for the source of the vCPU figures: meter (in-kernel) or proc (/proc sampling)",
+            labels=["source"])
+        if h.get("observation"):
+            observation.add_metric([h["observation"]], 1)
+        yield from (connected, samples, late, period, presets, realtime, healthy, ignored, observation)
 
     @staticmethod
     def _engine_metrics(s):

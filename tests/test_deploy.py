@@ -138,20 +138,24 @@ def test_dashboard_shape(path):
     variables = {v["name"]: v for v in d["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
     if d["uid"] != "cosched-fleet":                         # the fleet is every host at once
-        assert "domain" in variables and "instance" in variables
+        assert "domain" in variables and "instance" in variables and "job" in variables
+        assert "$job" in variables["instance"]["query"]["query"]
     ids = [p["id"] for p in d["panels"]]
     assert len(ids) == len(set(ids))
     for p in d["panels"]:
         assert p["datasource"]["uid"] == "${datasource}", p["title"]
         assert p["targets"] and all(t["expr"] and t["datasource"]["uid"] == "${datasource}" for t in p["targets"])
         for t in p["targets"]:
-            names = set(re.findall(r"\b(cosched_[a-z_]+|cosched:[a-z_:0-9]+|process_[a-z_]+|up(?=\{job=\"cosched\"))", t["expr"]))
+            names = set(re.findall(r"\b(cosched_[a-z_]+|cosched:[a-z_:0-9]+|process_[a-z_]+|up(?=\{job=(?:\"cosched\"|~\"\$job\")))",
+                                   t["expr"]))
             assert names, t["expr"]
 
 
 def test_dashboards_cover_the_metrics_that_matter():
     exprs = " ".join(t["expr"] for path in DASHBOARDS for p in json.loads(path.read_text())["panels"] for t in p["targets"])
-    for metric in ("cosched_domain_info", "cosched_domain_policy_error", "cosched_vcpu_run_seconds_total",
+    for metric in ("cosched_domain_mode", "cosched_vcpu_boosts_total", "cosched_vcpu_costops_total",
+                   "cosched_forced_thaws_total", "cosched_observation", "cosched_healthy",
+                   "cosched_domain_info", "cosched_domain_policy_error", "cosched_vcpu_run_seconds_total",
                    "cosched_vcpu_wait_seconds_total", "cosched_vcpu_costop_seconds_total",
                    "cosched_domain_concurrency_hazard_seconds_total", "cosched_domain_skew_seconds_bucket",
                    "cosched_switches_total", "cosched_switch_latency_seconds_bucket"):

@@ -55,13 +55,13 @@ def test_document_has_the_contract_keys_and_the_live_state():
 
 def test_health_metrics():
     health = {"libvirt_connected": False, "samples": 7, "late_samples": 2, "sample_period": 0.25, "preset_errors": 1,
-              "switcher_realtime": True, "healthy": True}
+              "switcher_realtime": True, "healthy": True, "observation": "meter"}
     registry = CollectorRegistry(auto_describe=False)
     registry.register(CoschedCollector(lambda: snap(dom()), dict, None, lambda: health))
     text = generate_latest(registry).decode()
     for line in ("cosched_libvirt_connected 0.0", "cosched_samples_total 7.0", "cosched_late_samples_total 2.0",
                  "cosched_sample_period_seconds 0.25", "cosched_preset_errors 1.0", "cosched_switcher_realtime 1.0",
-                 "cosched_healthy 1.0"):
+                 "cosched_healthy 1.0", 'cosched_observation{source="meter"} 1.0'):
         assert line in text.splitlines()
 
 

@@ -112,7 +112,7 @@ def stack(tmp_path_factory, libvirtd, guest_image):
 
 def fill(expr: str, instance: str, domain: str) -> str:
     """Grafana's variables as a dashboard with this host and guest selected would send them."""
-    return (expr.replace("$instance", instance).replace("$domain", domain)
+    return (expr.replace("$instance", instance).replace("$domain", domain).replace("$job", "cosched")
             .replace("$__rate_interval", "10s").replace("$__range", "30s"))
 
 
@@ -129,6 +129,14 @@ def test_every_dashboard_query_returns_data(stack):
                 checked += 1
                 if not prom.query(fill(target["expr"], instance, domain)):
                     empty.append(f"{path.name} / {panel['title']}: {target['expr']}")
+        for note in dash.get("annotations", {}).get("list", []):      # valid queries, data or not
+            if "expr" in note:
+                checked += 1
+                prom.get("/api/v1/query", query=fill(note["expr"], instance, domain))
+        uids = {json.loads(p.read_text())["uid"] for p in DASHBOARDS}
+        for panel in dash["panels"]:                                # drill-down links lead somewhere
+            for link in panel.get("fieldConfig", {}).get("defaults", {}).get("links", []):
+                assert link["url"].split("/")[2] in uids, link
         for var in dash["templating"]["list"]:
             if var["type"] == "query":
                 selector = var["query"]["query"].removeprefix("label_values(").rsplit(",", 1)[0]
