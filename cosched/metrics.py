@@ -191,17 +191,32 @@ class _Quiet(WSGIRequestHandler):
         pass
 
 
+def _with_health(metrics, collector: CoschedCollector):
+    """``/healthz`` beside the metrics: 200 while the daemon's threads run and
+    its sampler samples (what feeds systemd's watchdog), 503 otherwise; for
+    a liveness probe that asks whether the daemon works, not whether it
+    answers HTTP."""
+    def app(environ, start_response):
+        if environ.get("PATH_INFO") != "/healthz":
+            return metrics(environ, start_response)
+        healthy = collector.health is not None and collector.health().get("healthy", False)
+        start_response("200 OK" if healthy else "503 Service Unavailable", [("Content-Type", "text/plain")])
+        return [b"ok\n" if healthy else b"unhealthy: a worker thread died or the sampler stalled\n"]
+    return app
+
+
 def serve(collector: CoschedCollector, host: str, port: int):
-    """Start the ``/metrics`` HTTP server on a private registry, in a thread
-    of its own; return the server (``shutdown()`` stops it) and the
-    registry. Built from ``make_wsgi_app``, which every prometheus-client
-    since Debian 12's 0.16 has, where ``start_http_server`` returns the
-    server only from 0.20 on."""
+    """Start the ``/metrics`` (and ``/healthz``) HTTP server on a private
+    registry, in a thread of its own; return the server (``shutdown()``
+    stops it) and the registry. Built from ``make_wsgi_app``, which every
+    prometheus-client since Debian 12's 0.16 has, where
+    ``start_http_server`` returns the server only from 0.20 on."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     ProcessCollector(registry=registry)   # process_cpu_seconds_total: the daemon's own overhead
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     server_class = type("Server", (_Server,), {"address_family": family})
-    server = make_server(host.strip("[]"), port, make_wsgi_app(registry), server_class, handler_class=_Quiet)
+    server = make_server(host.strip("[]"), port, _with_health(make_wsgi_app(registry), collector), server_class,
+                         handler_class=_Quiet)
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return server, registry

@@ -187,3 +187,20 @@ def test_the_daemonset_validates_against_the_kubernetes_schema():
     from cosched.config import from_dict
     from cosched.compat import tomllib
     assert from_dict(tomllib.loads(config)).sources == ("processes",)
+
+
+def test_the_pod_monitor_scrapes_the_daemonset_s_pods_as_job_cosched():
+    """The Prometheus Operator's PodMonitor (a CRD, so no schema here): it
+    selects the DaemonSet's pods, names their port, and gives the job label
+    the alerts and dashboards expect."""
+    (monitor,) = yaml.safe_load_all((DEPLOY / "kubernetes" / "cosched-podmonitor.yaml").read_text())
+    docs = list(yaml.safe_load_all((DEPLOY / "kubernetes" / "cosched-daemonset.yaml").read_text()))
+    ds = next(d for d in docs if d["kind"] == "DaemonSet")
+    pod = ds["spec"]["template"]
+    assert (monitor["apiVersion"], monitor["kind"]) == ("monitoring.coreos.com/v1", "PodMonitor")
+    assert monitor["metadata"]["namespace"] == ds["metadata"]["namespace"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    ports = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
+    assert {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]} <= ports
+    assert pod["metadata"]["labels"][monitor["spec"]["jobLabel"]] == "cosched"
+    assert pod["spec"]["containers"][0]["livenessProbe"]["httpGet"]["path"] == "/healthz"

@@ -1,3 +1,4 @@
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from cosched.discovery import build_snapshot
@@ -68,13 +69,23 @@ def test_metrics_are_served_over_http_and_the_server_stops():
     12's 0.16 (``make_wsgi_app``), in a thread of its own."""
     import urllib.request
 
+    import urllib.error
+
     from cosched.metrics import serve
-    server, _ = serve(CoschedCollector(lambda: None, dict), "127.0.0.1", 0)
+    health = {"libvirt_connected": True, "samples": 7, "late_samples": 0, "sample_period": 0.01, "preset_errors": 0,
+              "switcher_realtime": True, "healthy": True, "observation": "proc"}
+    server, _ = serve(CoschedCollector(lambda: None, dict, health=lambda: health), "127.0.0.1", 0)
     try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as r:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        with urllib.request.urlopen(f"{url}/metrics", timeout=5) as r:
             text = r.read().decode()
         assert 'cosched_build_info{version="' in text and "process_cpu_seconds_total" in text
+        with urllib.request.urlopen(f"{url}/healthz", timeout=5) as r:
+            assert r.status == 200 and r.read() == b"ok\n"
+        health["healthy"] = False                       # a worker died: the probe fails, /metrics still answers
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(f"{url}/healthz", timeout=5)
+        assert e.value.code == 503
     finally:
         server.shutdown()
         server.server_close()
