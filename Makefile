@@ -21,6 +21,8 @@ PREFIX ?= /usr/local
 BINDIR ?= $(PREFIX)/bin
 SHAREDIR ?= $(PREFIX)/share/cosched
 DOCDIR ?= $(PREFIX)/share/doc/cosched
+MANDIR ?= $(PREFIX)/share/man
+COMPLETIONDIR ?= $(PREFIX)/share/bash-completion/completions
 LIBDIR ?= /opt/cosched
 SYSCONFDIR ?= /etc/cosched
 UNITDIR ?= /etc/systemd/system
@@ -122,6 +124,8 @@ install: runtime-deps
 	    sed -e 's#/usr/local/share/doc/cosched#$(DOCDIR)#g' $$f > $(SHAREDIR)/prometheus/$$(basename $$f); done
 	install -m 0644 README.md docs/fleet.md $(DOCDIR)/
 	install -m 0644 vm-templates/examples/* $(DOCDIR)/examples/
+	install -D -m 0644 docs/cosched.8 $(MANDIR)/man8/cosched.8
+	install -D -m 0644 deploy/bash-completion/cosched $(COMPLETIONDIR)/cosched
 	if [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
 	@echo "installed; next: edit $(SYSCONFDIR)/cosched.toml, then systemctl enable --now cosched"
 
@@ -129,7 +133,7 @@ install: runtime-deps
 uninstall:
 	if [ -d /run/systemd/system ]; then systemctl disable --now cosched.service || true; fi
 	rm -f $(UNITDIR)/cosched.service $(BINDIR)/cosched
-	rm -rf $(LIBDIR) $(SHAREDIR) $(DOCDIR)
+	rm -rf $(LIBDIR) $(SHAREDIR) $(DOCDIR) $(MANDIR)/man8/cosched.8 $(COMPLETIONDIR)/cosched
 	if cmp -s deploy/cosched.toml $(SYSCONFDIR)/cosched.toml; then rm -f $(SYSCONFDIR)/cosched.toml; fi
 	rmdir $(SYSCONFDIR)/policies.d $(SYSCONFDIR) 2>/dev/null || echo "kept $(SYSCONFDIR): it holds your configuration"
 	if [ -d /run/systemd/system ]; then systemctl daemon-reload; fi

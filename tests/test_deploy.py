@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -204,3 +205,39 @@ def test_the_pod_monitor_scrapes_the_daemonset_s_pods_as_job_cosched():
     assert {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]} <= ports
     assert pod["metadata"]["labels"][monitor["spec"]["jobLabel"]] == "cosched"
     assert pod["spec"]["containers"][0]["livenessProbe"]["httpGet"]["path"] == "/healthz"
+
+
+def _subcommands() -> set[str]:
+    import argparse
+
+    from cosched.cli import parser
+    (sub,) = [a for a in parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return set(sub.choices)
+
+
+def test_the_man_page_renders_cleanly_and_names_every_command():
+    page = DEPLOY.parent / "docs" / "cosched.8"
+    r = subprocess.run(["man", "--warnings", "-l", str(page)], capture_output=True, text=True,
+                       env={**os.environ, "MANWIDTH": "80", "MANPAGER": "cat", "LC_ALL": "C.UTF-8"})
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    synopsis = " ".join(r.stdout.split("DESCRIPTION")[0].split())
+    assert {c for c in _subcommands() if f"cosched {c}" in synopsis} == _subcommands(), synopsis
+    from cosched import __version__
+    assert f"cosched {__version__}" in page.read_text()
+
+
+def test_bash_completion_offers_every_command_and_their_options():
+    script = DEPLOY / "bash-completion" / "cosched"
+    probe = f"""
+source {script}
+_cosched_guests() {{ echo vm-one vm-two; }}
+line() {{ COMP_WORDS=("$@"); COMP_CWORD=$((${{#COMP_WORDS[@]}} - 1)); _cosched; echo "${{COMPREPLY[*]}}"; }}
+line cosched ''
+line cosched status vm-t
+line cosched policy --c
+"""
+    r = subprocess.run(["bash", "-c", probe], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    commands, guest, option = r.stdout.splitlines()
+    assert _subcommands() <= set(commands.split())
+    assert (guest, option) == ("vm-two", "--config --clear")

@@ -44,6 +44,8 @@ def test_install_then_uninstall(tmp_path):
     assert (share / "prometheus/cosched-fleet-rules.yml").exists()
     assert (root / "usr/local/share/doc/cosched/README.md").exists()
     assert (root / "usr/local/share/doc/cosched/fleet.md").exists()
+    assert (root / "usr/local/share/man/man8/cosched.8").exists()
+    assert (root / "usr/local/share/bash-completion/completions/cosched").exists()
     assert sorted(p.name for p in (root / "usr/local/share/doc/cosched/examples").iterdir()) == sorted(
         p.name for p in (REPO / "vm-templates/examples").iterdir())
     alerts = (share / "prometheus/cosched-alerts.yml").read_text()
@@ -62,6 +64,7 @@ def test_install_then_uninstall(tmp_path):
 
     config.write_text(config.read_text() + "reserved_cpus = [0]\n")     # the operator's own setting
     make("uninstall", root)
-    for gone in (cosched, unit, share, root / "opt/cosched", root / "usr/local/share/doc/cosched"):
+    for gone in (cosched, unit, share, root / "opt/cosched", root / "usr/local/share/doc/cosched",
+                 root / "usr/local/share/man/man8/cosched.8", root / "usr/local/share/bash-completion/completions/cosched"):
         assert not gone.exists(), gone
     assert "reserved_cpus = [0]" in config.read_text()
