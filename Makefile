@@ -27,7 +27,7 @@ LIBDIR ?= /opt/cosched
 SYSCONFDIR ?= /etc/cosched
 UNITDIR ?= /etc/systemd/system
 
-.PHONY: deps runtime-deps venv meter image services test unit integration soak demo bench bench-smoke bench-scale install uninstall clean
+.PHONY: deps runtime-deps venv meter image services test unit integration soak demo bench bench-smoke bench-scale install uninstall clean deb
 
 missing = $$(for p in $(1); do \
 	    dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done)
@@ -128,6 +128,19 @@ install: runtime-deps
 	install -D -m 0644 deploy/bash-completion/cosched $(COMPLETIONDIR)/cosched
 	if [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
 	@echo "installed; next: edit $(SYSCONFDIR)/cosched.toml, then systemctl enable --now cosched"
+
+# The Debian package, dist/cosched_<version>_amd64.deb, built with Debian's own
+# tools from a copy of this tree (the meter is compiled inside the build).
+DEB_PACKAGES := debhelper dh-python pybuild-plugin-pyproject python3-all python3-setuptools lintian clang libbpf-dev
+deb:
+	@missing=$(call missing,$(DEB_PACKAGES)); \
+	if [ -n "$$missing" ]; then apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; fi
+	rm -rf build/deb && mkdir -p build/deb/cosched dist
+	tar -c --exclude=./.git --exclude=./.venv --exclude=./build --exclude=./dist --exclude=./benchmarks/evidence \
+	    --exclude='*.bpf.o' --exclude=__pycache__ --exclude='*.egg-info' . | tar -x -C build/deb/cosched
+	cd build/deb/cosched && env PATH=/usr/sbin:/usr/bin:/sbin:/bin dpkg-buildpackage -us -uc -b   # Debian's Python, not any other on PATH
+	mv build/deb/cosched_*.deb dist/
+	lintian --fail-on error dist/cosched_*.deb
 
 # Removes what install put in place; keeps a configuration the operator changed.
 uninstall:
