@@ -2,8 +2,8 @@
 by lintian (``make deb`` fails on any lintian error), holding what an
 operator needs and depending on Debian's archive alone.
 
-Installing, upgrading, removing and purging it in a container is not here
-yet (see the README's Install)."""
+Installing, upgrading, removing and purging it under systemd:
+``test_service.py``."""
 from __future__ import annotations
 
 import subprocess

@@ -9,6 +9,13 @@ no compiler), then the test drives the installed unit: ``Type=notify``
 start-up, the sandbox (``ProtectSystem=strict``, the system call filter) with
 real freezes, ``systemctl reload``, journald priorities, a SIGKILL followed by
 ``ExecStopPost=cosched reset`` and a restart, the watchdog, and a clean stop.
+
+Then, in the same container with the same guests, the Debian package
+(``make deb``) as operators use it: ``apt install`` of a previous build,
+which enables and starts the service, managing the guests; an upgrade to
+this build, which keeps the operator's configuration and restarts the
+daemon; ``apt remove``, which stops it and leaves nothing frozen, pinned or
+boosted; ``apt purge``, which takes the configuration and state away.
 """
 from __future__ import annotations
 
@@ -114,8 +121,10 @@ def cgroup2(box) -> str:
 
 
 def leftovers(box, cgroups: dict[str, list[str]]) -> list[str]:
-    """What the unit may have changed and left behind: frozen cgroups, threads not SCHED_OTHER."""
+    """What the unit may have changed and left behind: frozen cgroups, threads
+    not SCHED_OTHER, threads pinned to fewer CPUs than are online."""
     mount = cgroup2(box)
+    online = cat(box, "/sys/devices/system/cpu/online").strip()
     left = []
     for name, paths in cgroups.items():
         for p in paths:
@@ -125,6 +134,9 @@ def leftovers(box, cgroups: dict[str, list[str]]) -> list[str]:
                 policy = box.exec("cat", f"/proc/{tid}/stat").stdout.rpartition(")")[2].split()[38:39]
                 if policy != ["0"]:
                     left.append(f"{name} tid {tid} policy {policy}")
+                allowed = re.search(r"Cpus_allowed_list:\s*(\S+)", cat(box, f"/proc/{tid}/status")).group(1)
+                if allowed != online:
+                    left.append(f"{name} tid {tid} pinned to {allowed}")
     return left
 
 
@@ -211,3 +223,52 @@ def test_the_unit_under_a_real_systemd(box, guest_image):
     assert score and float(score.group(1)) <= 3.5, score
     print(f"\nunder systemd: {props['StatusText']!r}; vCPU cgroups {cgroups}; frozen in turn: {sorted(frozen_seen)}; "
           f"security exposure {score.group(1)}")
+
+
+def debs(dest: Path) -> tuple[Path, Path]:
+    """This build's package (``make deb``), and the same repacked as the
+    previous version, to upgrade from."""
+    from cosched import __version__
+    r = subprocess.run(["make", "-s", "-C", str(REPO), "deb"], capture_output=True, text=True)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    new = dest / "cosched-new.deb"
+    new.write_bytes((REPO / "dist" / f"cosched_{__version__}_amd64.deb").read_bytes())
+    tree = dest / "prev-tree"
+    subprocess.run(["dpkg-deb", "-R", str(new), str(tree)], check=True)
+    control = tree / "DEBIAN" / "control"
+    control.write_text(re.sub(r"(?m)^Version: .*$", f"Version: {__version__}~prev", control.read_text()))
+    prev = dest / "cosched-prev.deb"
+    subprocess.run(["dpkg-deb", "-b", "--root-owner-group", str(tree), str(prev)], check=True, capture_output=True)
+    return prev, new
+
+
+def test_the_debian_package_installs_upgrades_removes_and_purges(box):
+    # the first test's install goes: only the package is left to manage the guests
+    box.exec("make", "-s", "-C", "/src", "uninstall", check=True)
+    sh(box, "rm -rf /etc/cosched /etc/systemd/system/cosched.service.d && systemctl daemon-reload")
+    prev, new = debs(box.src)
+    apt = ("env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y", "-q")
+    box.exec(*apt, "/src/cosched-prev.deb", check=True)            # Debian's archive has all it needs already
+    assert sh(box, "systemctl is-enabled cosched").strip() == "enabled"
+    wait("started on install, managing the gang", lambda: rotating(box), 90)
+    cgroups = vcpu_cgroups(box)
+    sh(box, "sed -i 's/^sample_interval_ms = 10$/sample_interval_ms = 20/' /etc/cosched/cosched.toml")
+    before = show(box, "MainPID")["MainPID"]
+
+    box.exec(*apt, "/src/cosched-new.deb", check=True)             # the upgrade
+    assert "sample_interval_ms = 20" in cat(box, "/etc/cosched/cosched.toml")      # the operator's change kept
+    wait("restarted by the upgrade", lambda: show(box, "MainPID", "ActiveState")["MainPID"] not in ("0", before)
+         and show(box, "ActiveState")["ActiveState"] == "active", 60)
+    s = wait("rotating after the upgrade", lambda: rotating(box), 90)
+    assert s["daemon"]["version"] and sh(box, "dpkg-query -W -f='${Version}' cosched") == s["daemon"]["version"]
+
+    box.exec("env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "remove", "-y", "-q", "cosched", check=True)
+    assert show(box, "ActiveState")["ActiveState"] in ("inactive", "failed")
+    assert leftovers(box, cgroups) == []
+    assert box.exec("test", "-e", "/etc/cosched/cosched.toml").returncode == 0       # a removal keeps the config
+
+    box.exec("env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "purge", "-y", "-q", "cosched", check=True)
+    assert box.exec("test", "-e", "/etc/cosched").returncode != 0
+    assert box.exec("test", "-e", "/run/cosched/journal.json").returncode != 0
+    assert box.exec("test", "-e", "/usr/bin/cosched").returncode != 0
+    assert leftovers(box, cgroups) == []
