@@ -18,7 +18,7 @@ from cosched.control import request
 
 URGENT_NICE = -10
 NO_DAEMON, DENIED = 3, 4             # exit codes, as systemctl's "not running" and "permission denied"
-ANNOTATION_URI, ANNOTATION_KEY = "urn:cosched:libvirt:1", "cosched"
+ANNOTATION_KEY = "cosched"           # the prefix libvirt gives the annotation's namespace (cosched.annotation.NAMESPACE)
 
 
 def _urgent() -> None:
@@ -323,8 +323,7 @@ def cmd_validate(args) -> int:
     except (AnnotationError, ParamError) as e:
         print(f"{args.file}: invalid: {e}", file=sys.stderr)
         return 1
-    params = " ".join(f"{k}={','.join(v) if isinstance(v, tuple) else str(v).lower() if isinstance(v, bool) else v}"
-                      for k, v in spec.params)
+    params = _param_words(spec.params)
     origin = {"annotation": "annotation", "extra-spec": "the flavor's cosched:policy extra spec",
               "flavor": "a flavor_policies rule"}.get(spec.source,
                                                        f"no annotation, default_policy {config.default_policy!r}")
@@ -338,23 +337,34 @@ def cmd_presets(args) -> int:
     presets = _presets(config)
     for name in sorted(presets.by_name):
         p = presets.by_name[name]
-        params = " ".join(f"{k}={','.join(v) if isinstance(v, tuple) else str(v).lower() if isinstance(v, bool) else v}"
-                          for k, v in p.params)
+        params = _param_words(p.params)
         print(f"{name}: policy {p.kind}{' - ' + p.description if p.description else ''}\n  {params or '(no parameters)'}")
     for error in presets.errors:
         print(f"cosched: {error}", file=sys.stderr)
     return 1 if presets.errors else 0
 
 
+def _param_words(params) -> str:
+    """Parameters as an annotation would write them: ``key=value`` words."""
+    return " ".join(f"{k}={','.join(v) if isinstance(v, tuple) else str(v).lower() if isinstance(v, bool) else v}"
+                    for k, v in params)
+
+
+def _pairs(words: list[str]) -> dict[str, str]:
+    """``key=value`` words as a dict (ValueError names a malformed one)."""
+    out = {}
+    for word in words:
+        key, sep, value = word.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{word!r}: expected key=value")
+        out[key] = value
+    return out
+
+
 def _annotation(preset: str, pairs: list[str]) -> str:
     """The annotation element for ``preset`` with ``key=value`` pairs (ValueError: a malformed pair)."""
     from xml.sax.saxutils import quoteattr
-    attrs = [f"name={quoteattr(preset)}"]
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"{pair!r}: expected key=value")
-        attrs.append(f"{key}={quoteattr(value)}")
+    attrs = [f"name={quoteattr(preset)}"] + [f"{k}={quoteattr(v)}" for k, v in _pairs(pairs).items()]
     return f'<policy {" ".join(attrs)}/>'
 
 
@@ -364,7 +374,7 @@ def cmd_policy(args) -> int:
     a Proxmox VE guest's ``cosched-`` tag, its other tags kept."""
     import libvirt
 
-    from cosched.annotation import AnnotationError, domain_policy
+    from cosched.annotation import NAMESPACE, AnnotationError, domain_policy
     from cosched.policy.params import ParamError
 
     config = _load_config(args.config)
@@ -381,16 +391,17 @@ def cmd_policy(args) -> int:
                                         libvirt.VIR_ERR_ACCESS_DENIED)
         print(f"cosched policy: {args.domain}: {e.get_error_message()}", file=sys.stderr)
         return DENIED if denied else 1
-    flags = (libvirt.VIR_DOMAIN_AFFECT_LIVE if dom.isActive() else 0) | (
-        libvirt.VIR_DOMAIN_AFFECT_CONFIG if dom.isPersistent() else 0)
-    where = " and ".join(w for w, f in (("running guest", libvirt.VIR_DOMAIN_AFFECT_LIVE),
-                                         ("persistent definition", libvirt.VIR_DOMAIN_AFFECT_CONFIG)) if flags & f)
+    targets = [(what, flag) for what, flag, there in (("running guest", libvirt.VIR_DOMAIN_AFFECT_LIVE, dom.isActive()),
+                                                      ("persistent definition", libvirt.VIR_DOMAIN_AFFECT_CONFIG,
+                                                       dom.isPersistent())) if there]
+    flags = sum(flag for _, flag in targets)
+    where = " and ".join(what for what, _ in targets)
     if args.clear or args.preset:
         element = None
         if args.preset:
             try:
                 element = _annotation(args.preset, args.params)
-                domain_policy(f'<domain><metadata><cosched:policy xmlns:cosched="{ANNOTATION_URI}" '
+                domain_policy(f'<domain><metadata><cosched:policy xmlns:cosched="{NAMESPACE}" '
                               f'{element[len("<policy "):-2]}/></metadata></domain>', _presets(config),
                               config.default_policy, config.flavor_policies)
             except (ValueError, AnnotationError, ParamError) as e:
@@ -398,26 +409,24 @@ def cmd_policy(args) -> int:
                 return 1
         try:
             dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, element, ANNOTATION_KEY if element else None,
-                            ANNOTATION_URI, flags)
+                            NAMESPACE, flags)
         except libvirt.libvirtError as e:
             print(f"cosched policy: {args.domain}: {e.get_error_message()}", file=sys.stderr)
             return 1
         print(f"{args.domain}: {'policy ' + element if element else 'policy cleared'} ({where})")
         return 0
-    for what, flag in (("running guest", libvirt.VIR_DOMAIN_AFFECT_LIVE),
-                       ("persistent definition", libvirt.VIR_DOMAIN_AFFECT_CONFIG)):
-        if flags & flag:
-            try:
-                text = dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, ANNOTATION_URI, flag)
-            except libvirt.libvirtError:
-                text = None
-            print(f"{args.domain} ({what}): {text.strip() if text else 'no annotation (default_policy applies)'}")
+    for what, flag in targets:
+        try:
+            text = dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, NAMESPACE, flag)
+        except libvirt.libvirtError:
+            text = None
+        print(f"{args.domain} ({what}): {text.strip() if text else 'no annotation (default_policy applies)'}")
     return 0
 
 
 def _pve_policy(args, config: Config, path: str) -> int:
     """``cosched policy`` for a Proxmox VE guest: its ``cosched-`` tag, the others kept."""
-    from cosched.annotation import AnnotationError, policy_tag, tag_policy
+    from cosched.annotation import TAG_PREFIX, AnnotationError, policy_tag, tag_policy
     from cosched.discovery.processes import pve_tags, with_tag
     from cosched.policy.params import ParamError
 
@@ -431,16 +440,13 @@ def _pve_policy(args, config: Config, path: str) -> int:
         print(f"cosched policy: {path}: {e.strerror}", file=sys.stderr)
         return 1
     if not (args.clear or args.preset):
-        ours = [t for t in pve_tags(text) if t.lower().startswith("cosched-")]
+        ours = [t for t in pve_tags(text) if t.lower().startswith(TAG_PREFIX)]
         print(f"{args.domain} ({path}): {', '.join(ours) if ours else 'no cosched- tag (default_policy applies)'}")
         return 0
     tag = None
     if args.preset:
         try:
-            params = dict(p.partition("=")[::2] for p in args.params)
-            if any(not k or not v for k, v in params.items()):
-                raise ValueError("expected key=value")
-            tag = policy_tag(args.preset, params)
+            tag = policy_tag(args.preset, _pairs(args.params))
             tag_policy((tag,), _presets(config), config.default_policy)
         except (ValueError, AnnotationError, ParamError) as e:
             print(f"cosched policy: {args.domain}: invalid: {e}", file=sys.stderr)

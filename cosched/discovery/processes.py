@@ -35,6 +35,7 @@ import logging
 import re
 from dataclasses import replace
 
+from cosched.annotation import TAG_PREFIX
 from cosched.discovery import DomainFacts
 from cosched.discovery.qemu import PVE_SCOPE, QemuCmdline, parse
 from cosched.discovery.qmp import QmpCache
@@ -48,16 +49,22 @@ LIBVIRT_RUN = "/run/libvirt/qemu"
 _TAG_SPLIT = re.compile(r"[;,\s]+")
 
 
-def pve_tags(text: str) -> tuple[str, ...]:
-    """The ``tags:`` of a Proxmox VE guest configuration's current section
-    (snapshots follow in ``[name]`` sections and are not the running guest)."""
+def pve_field(text: str, name: str) -> str | None:
+    """The value of ``name:`` in a Proxmox VE guest configuration's current
+    section (snapshots follow in ``[name]`` sections and are not the running
+    guest), None when it has none."""
     for line in text.splitlines():
         if line.startswith("["):
             break
         key, sep, value = line.partition(":")
-        if sep and key.strip() == "tags":
-            return tuple(t for t in _TAG_SPLIT.split(value.strip()) if t)
-    return ()
+        if sep and key.strip() == name:
+            return value.strip()
+    return None
+
+
+def pve_tags(text: str) -> tuple[str, ...]:
+    """The ``tags:`` of a Proxmox VE guest configuration's current section."""
+    return tuple(t for t in _TAG_SPLIT.split(pve_field(text, "tags") or "") if t)
 
 
 def with_tag(text: str, tag: str | None) -> str:
@@ -67,7 +74,7 @@ def with_tag(text: str, tag: str | None) -> str:
     lines = text.splitlines(keepends=True)
     end = next((i for i, line in enumerate(lines) if line.startswith("[")), len(lines))
     at = next((i for i in range(end) if lines[i].partition(":")[0].strip() == "tags" and ":" in lines[i]), None)
-    kept = [t for t in pve_tags(text) if not t.lower().startswith("cosched-")] + ([tag] if tag else [])
+    kept = [t for t in pve_tags(text) if not t.lower().startswith(TAG_PREFIX)] + ([tag] if tag else [])
     line = f"tags: {';'.join(kept)}\n" if kept else ""
     if at is not None:
         lines[at] = line
@@ -96,12 +103,8 @@ def guest_config(pve_dir: str, name: str) -> str | None:
             return path
         try:
             with open(path, encoding="utf-8") as f:
-                for line in f:
-                    if line.startswith("["):
-                        break
-                    key, sep, value = line.partition(":")
-                    if sep and key.strip() == "name" and value.strip() == name:
-                        return path
+                if pve_field(f.read(), "name") == name:
+                    return path
         except OSError:
             continue
     return None
