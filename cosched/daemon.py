@@ -305,7 +305,7 @@ class Daemon:
             "version": __version__,
             "pid": os.getpid(),
             "uptime_seconds": time.time() - self.started,
-            "cpu_seconds": os.times().user + os.times().system,
+            "cpu_seconds": sum(os.times()[:2]),           # user and system
             "dry_run": self.dry_run,
             "libvirt": {"uri": self.config.connect, "connected": self.source.connected, "error": self.source.last_error},
             "sample_interval_ms": self.config.sample_interval_ms,

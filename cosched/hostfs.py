@@ -239,10 +239,9 @@ def mounts(fs: HostFS) -> list[tuple[str, str, tuple[str, ...]]]:
     out = []
     for line in (fs.read_or("/proc/self/mountinfo") or "").splitlines():
         left, sep, right = line.partition(" - ")
-        parts = right.split()
-        if sep and parts and len(left.split()) > 4:
-            out.append((parts[0], left.split()[4].replace("\\040", " "),
-                        tuple(parts[2].split(",")) if len(parts) > 2 else ()))
+        fields, parts = left.split(), right.split()
+        if sep and parts and len(fields) > 4:
+            out.append((parts[0], fields[4].replace("\\040", " "), tuple(parts[2].split(",")) if len(parts) > 2 else ()))
     return out
 
 

@@ -302,14 +302,14 @@ def _packed(kind: str, domains: list[Domain], host: Host, pool: list[int], cfg: 
             cells.append(([c for c in free if c in fresh], [d]))
             free = [c for c in free if c not in fresh]
             continue
-        fitting = [c for c in cells if _place(d, allowed[d.uuid], c[0]) is not None and
-                   _stall_after([_slot_ms(m) for m in c[1]], _slot_ms(d)) <= cfg.max_stall_ms]
+        fitting = [(c, placed) for c in cells
+                   if _stall_after([_slot_ms(m) for m in c[1]], _slot_ms(d)) <= cfg.max_stall_ms
+                   and (placed := _place(d, allowed[d.uuid], c[0])) is not None]
         if not fitting:
             rejected[d.uuid] = (f"not managed: no {kind} cell of {k} CPUs has room "
                                 f"(pool {len(pool)} CPUs, max_stall_ms {cfg.max_stall_ms})")
             continue
-        cell = min(fitting, key=lambda c: sum(_slot_ms(m) for m in c[1]))
-        where[d.uuid] = _place(d, allowed[d.uuid], cell[0])
+        cell, where[d.uuid] = min(fitting, key=lambda f: sum(_slot_ms(m) for m in f[0][1]))
         cell[1].append(d)
     out = []
     for i, (cpus, ds) in enumerate(cells):
@@ -325,9 +325,12 @@ def _watched(domains: list[Domain], host: Host, pool: list[int], allowed: dict, 
     next_cpu, index_on = 0, {}
     for d in sorted(domains, key=lambda d: d.name):
         kind, p = d.policy.kind, dict(d.policy.params)
-        if kind == RELAXED and allowed[d.uuid] and pool and _place(d, allowed[d.uuid], pool) is None:
-            rejected[d.uuid] = _confined(d, allowed[d.uuid], pool, "pool's")
-            continue
+        placed = None                        # a confined relaxed guest's CPUs, from the next pool CPU on
+        if kind == RELAXED and allowed[d.uuid] and pool:
+            placed = _place(d, allowed[d.uuid], pool[next_cpu % len(pool):] + pool[:next_cpu % len(pool)])
+            if placed is None:
+                rejected[d.uuid] = _confined(d, allowed[d.uuid], pool, "pool's")
+                continue
         reason = _unfit(d, host, pool) if kind == RELAXED else (
             None if pool else "the co-scheduling pool is empty (reserved_cpus holds every CPU): nothing may be boosted")
         if reason:
@@ -335,8 +338,8 @@ def _watched(domains: list[Domain], host: Host, pool: list[int], allowed: dict, 
             continue
         boost_ms = p["boost-ms"] if kind == BOOST or p.get("boost") else 0
         cpus = [-1] * len(d.vcpus)
-        if kind == RELAXED and allowed[d.uuid]:
-            cpus = _place(d, allowed[d.uuid], pool[next_cpu % len(pool):] + pool[:next_cpu % len(pool)])
+        if placed is not None:
+            cpus = placed
             next_cpu += len(d.vcpus)
         elif kind == RELAXED:
             cpus = _balanced(len(d.vcpus), [pool[(next_cpu + j) % len(pool)] for j in range(len(d.vcpus))], index_on)
@@ -455,7 +458,7 @@ def _place(d: Domain, allowed: dict[int, tuple[int, ...]], cpus: list[int]) -> l
 
 def _confined(d: Domain, allowed: dict[int, tuple[int, ...]], cpus: list[int], kind: str) -> str:
     """Why a confined guest cannot be placed on ``cpus``."""
-    return (f"not managed: the platform confines it ("
+    return ("not managed: the platform confines it ("
             + ", ".join(f"vCPU {i} to CPU {','.join(map(str, c)) or 'none'}" for i, c in sorted(allowed.items()))
             + f"), and its {len(d.vcpus)} vCPUs do not fit there one per CPU within the {kind} CPUs "
             f"({','.join(map(str, cpus))}): cosched never pins a guest outside its CPUs")
