@@ -608,6 +608,35 @@ def test_relaxed_freezes_only_the_leader_and_release_thaws_it(tmp_path):
     assert pr.Tally("a", 0, costop_ns=clock.now - frozen_at, costops=1) in sw.take_stats().tallies
 
 
+def test_relaxed_never_holds_every_vcpu_of_a_guest_still_for_a_return(tmp_path):
+    """A relaxed guest's lagging vCPU returns from its boost through the zero
+    reservation (held still: frozen) while its leading sibling is co-stopped:
+    the co-stop ends first, so the guest never has every vCPU frozen at once."""
+    fs, clock, sched = tree(tmp_path), Clock(), FakeSched()
+    procs = Procs(fs, (100, 101))
+    freeze = [f"{CG2}/machine/a/vcpu{i}/cgroup.freeze" for i in range(2)]
+    during = []
+    put = sched.set
+    sched.set = lambda tid, attr: (tid == 101 and during.append((attr.policy, [fs.read(f) for f in freeze])),
+                                   put(tid, attr))[1]
+    sw = Switcher(fs, 500 * MS, sched=sched.knob(fs, clock), clock=clock)
+    sw.apply(watched("relaxed", replace(member("a"), boost_ms=2, costop_ms=3, costart_ms=2)))
+    sw.tick()
+    while fs.read(freeze[0]) == "0":                   # vCPU 0 runs ahead of its queued sibling until co-stopped
+        clock.now += POLL
+        procs.runs(100)
+        sw.tick()
+    assert during and during[-1][0] == "deadline"     # vCPU 1 is boosted meanwhile
+    clock.now += POLL
+    procs.state[101][0] = "S"                          # it blocks: its boost ends, through the zero reservation
+    procs.write(101)
+    sw.tick()
+    returns = [states for policy, states in during if policy != "deadline"]
+    assert returns and all(states != ["1", "1"] for states in returns), during
+    sw.release_all()
+    assert [fs.read(f) for f in freeze] == ["0", "0"]
+
+
 def test_relaxed_boosts_hold_an_rt_grant_and_give_it_back(tmp_path):
     fs, clock = tree(tmp_path, rt=True), Clock()
     Procs(fs, (100, 101))

@@ -469,11 +469,17 @@ class Switcher:
         """Keep a vCPU from running (its cgroup frozen, unless it is already)
         while its boost is taken back through the zero reservation: one
         that woke between the two calls ran at that reservation's rate and
-        was held back by its next boosts (:mod:`cosched.actuators.sched`)."""
+        was held back by its next boosts (:mod:`cosched.actuators.sched`).
+        A watched guest never has every vCPU frozen at once: when all its
+        other vCPUs are co-stopped, one co-stop ends first."""
         st, (name, v) = self.vstate.get(key), self.vinfo[key]
         if st is not None and st.frozen:
             yield
             return
+        w = self.watched.get(key[0])
+        others = [k for k in w.keys if k != key] if w is not None else []
+        if others and all(k in self.vstate and self.vstate[k].frozen for k in others):
+            self._freeze(others[0], False, self.clock())
 
         def thaw_failed(e: OSError) -> None:
             if e.errno not in GONE:
@@ -486,9 +492,10 @@ class Switcher:
             self._unboost(k)
 
     def _release(self, keys: list, now: int) -> None:
-        """Thaw and unboost these vCPUs, then take back their RT runtime, and forget them."""
+        """Thaw these vCPUs, unboost them, then take back their RT runtime, and forget them."""
         for k in keys:
             self._freeze(k, False, now)
+        for k in keys:
             self._unboost(k)
         self.rt.release([p for k in keys for p in self.vinfo[k][1].rt_chain[1:]])   # the top stays
         for k in keys:
