@@ -27,7 +27,7 @@ LIBDIR ?= /opt/cosched
 SYSCONFDIR ?= /etc/cosched
 UNITDIR ?= /etc/systemd/system
 
-.PHONY: deps runtime-deps venv meter image services test unit integration soak demo bench bench-smoke bench-scale install uninstall clean deb
+.PHONY: deps runtime-deps venv meter image services test unit integration soak demo bench bench-smoke bench-scale install uninstall clean deb rules
 
 missing = $$(for p in $(1); do \
 	    dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done)
@@ -102,6 +102,17 @@ bench-scale: image services meter
 bench-smoke: image services meter
 	$(PY) -m benchmarks.suite --guests 3 --workloads barrier,blocking --modes batch,cfs,gang --reps 1 --seconds 4
 
+# The alert rules link each alert to the daemon's own runbook page
+# (http://INSTANCE/runbook#alert); RUNBOOK_URL=https://... links them to a
+# copy of docs/runbook.md the operator hosts instead (make install, make deb).
+RUNBOOK_URL ?=
+rules:
+	test -n "$(RULES_DIR)" || { echo "usage: make rules RULES_DIR=DIR [RUNBOOK_URL=https://...]"; exit 2; }
+	mkdir -p $(RULES_DIR)
+	for f in deploy/prometheus/*.yml; do \
+	    $(if $(RUNBOOK_URL),sed -e 's|{{ with $$labels.instance }}http://{{ . }}/runbook{{ end }}|$(RUNBOOK_URL)|' \
+	        -e 's|http://{{ $$labels.instance }}/runbook|$(RUNBOOK_URL)|',cat) $$f > $(RULES_DIR)/$$(basename $$f); done
+
 # The package in its own virtualenv ($(LIBDIR)), the command, the systemd unit,
 # the configuration example (never over an existing one), dashboards, alert rules.
 install: runtime-deps
@@ -120,9 +131,8 @@ install: runtime-deps
 	sed -e 's#/usr/local/share/cosched#$(SHAREDIR)#g' deploy/grafana/provisioning/dashboards/cosched.yaml \
 	    > $(SHAREDIR)/grafana/provisioning/dashboards/cosched.yaml
 	install -m 0644 deploy/grafana/provisioning/datasources/*.yaml $(SHAREDIR)/grafana/provisioning/datasources/
-	for f in deploy/prometheus/*.yml; do \
-	    sed -e 's#/usr/local/share/doc/cosched#$(DOCDIR)#g' $$f > $(SHAREDIR)/prometheus/$$(basename $$f); done
-	install -m 0644 README.md docs/fleet.md $(DOCDIR)/
+	$(MAKE) -s rules RULES_DIR=$(SHAREDIR)/prometheus
+	install -m 0644 README.md docs/fleet.md docs/runbook.md $(DOCDIR)/
 	install -m 0644 vm-templates/examples/* $(DOCDIR)/examples/
 	install -D -m 0644 docs/cosched.8 $(MANDIR)/man8/cosched.8
 	install -D -m 0644 deploy/bash-completion/cosched $(COMPLETIONDIR)/cosched
@@ -138,6 +148,7 @@ deb:
 	rm -rf build/deb && mkdir -p build/deb/cosched dist
 	tar -c --exclude=./.git --exclude=./.venv --exclude=./build --exclude=./dist --exclude=./benchmarks/evidence \
 	    --exclude='*.bpf.o' --exclude=__pycache__ --exclude='*.egg-info' . | tar -x -C build/deb/cosched
+	$(MAKE) -s rules RULES_DIR=build/deb/cosched/deploy/prometheus
 	cd build/deb/cosched && env PATH=/usr/sbin:/usr/bin:/sbin:/bin dpkg-buildpackage -us -uc -b   # Debian's Python, not any other on PATH
 	mv build/deb/cosched_*.deb dist/
 	lintian --fail-on error dist/cosched_*.deb

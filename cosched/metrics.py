@@ -20,7 +20,7 @@ from prometheus_client.core import (
     HistogramMetricFamily,
 )
 
-from cosched import __version__
+from cosched import __version__, runbook
 from cosched.trust import REASONS
 from cosched.model import Snapshot
 from cosched.sampler import DomainView
@@ -195,8 +195,16 @@ def _with_health(metrics, collector: CoschedCollector):
     """``/healthz`` beside the metrics: 200 while the daemon's threads run and
     its sampler samples (what feeds systemd's watchdog), 503 otherwise; for
     a liveness probe that asks whether the daemon works, not whether it
-    answers HTTP."""
+    answers HTTP. And ``/runbook``, the page the alert rules link to."""
     def app(environ, start_response):
+        if environ.get("PATH_INFO") == "/runbook":
+            try:
+                body = runbook.page(runbook.text())
+            except OSError as e:
+                start_response("404 Not Found", [("Content-Type", "text/plain")])
+                return [f"the runbook is not installed with this daemon: {e}\n".encode()]
+            start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
+            return [body]
         if environ.get("PATH_INFO") != "/healthz":
             return metrics(environ, start_response)
         healthy = collector.health is not None and collector.health().get("healthy", False)
@@ -206,7 +214,7 @@ def _with_health(metrics, collector: CoschedCollector):
 
 
 def serve(collector: CoschedCollector, host: str, port: int):
-    """Start the ``/metrics`` (and ``/healthz``) HTTP server on a private
+    """Start the ``/metrics`` (and ``/healthz``, ``/runbook``) HTTP server on a private
     registry, in a thread of its own; return the server (``shutdown()``
     stops it) and the registry. Built from ``make_wsgi_app``, which every
     prometheus-client since Debian 12's 0.16 has, where

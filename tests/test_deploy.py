@@ -43,7 +43,11 @@ def test_unit_verifies(tmp_path):
     cosched = Path(sys.executable).parent / "cosched"
     unit = tmp_path / "cosched.service"
     unit.write_text(UNIT.read_text().replace("/usr/local/bin/cosched", str(cosched)))
-    r = run("systemd-analyze", "verify", str(unit))
+    # and that Documentation='s man page exists: this checkout's
+    (tmp_path / "man" / "man8").mkdir(parents=True)
+    (tmp_path / "man" / "man8" / "cosched.8").write_text((DEPLOY.parent / "docs" / "cosched.8").read_text())
+    r = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True,
+                       env={**os.environ, "MANPATH": str(tmp_path / "man")})
     assert r.returncode == 0 and "cosched.service" not in r.stderr, r.stderr
 
 
@@ -78,17 +82,34 @@ def test_unit_hardening_scores_better_than_before(tmp_path):
     assert float(score.group(1)) <= 3.5, r.stdout      # 4.7 before ProtectSystem=strict, the filter and UMask
 
 
-def test_every_alert_has_a_runbook_in_the_readme():
+def test_every_alert_links_to_its_entry_in_the_runbook_the_daemon_serves():
+    from cosched import runbook
     rules = yaml.safe_load((DEPLOY / "prometheus" / "cosched-alerts.yml").read_text())
-    readme = (DEPLOY.parent / "README.md").read_text()
-    anchors = {re.sub(r"[^a-z0-9 _-]", "", h.strip().lower()).replace(" ", "-")
-               for h in re.findall(r"^#+ (.*)$", readme, re.M)}
+    text = runbook.text()                         # the package's copy, what /runbook serves
+    assert text == (DEPLOY.parent / "docs" / "runbook.md").read_text()
+    anchors = {runbook.anchor(h) for h in re.findall(r"^#+ (.*)$", text, re.M)}
     alerts = [r for g in rules["groups"] for r in g["rules"]]
     assert len(alerts) == 15
     for rule in alerts:
         url = rule["annotations"]["runbook_url"]
-        assert url.startswith("file:///usr/local/share/doc/cosched/README.md#"), url
-        assert url.split("#", 1)[1] in anchors, f"{rule['alert']}: README has no heading for {url}"
+        base, _, fragment = url.partition("#")
+        assert base in ("http://{{ $labels.instance }}/runbook",
+                        "{{ with $labels.instance }}http://{{ . }}/runbook{{ end }}"), url
+        assert fragment == runbook.anchor(rule["alert"]) and fragment in anchors, \
+            f"{rule['alert']}: the runbook has no heading for {url}"
+    page = runbook.page(text).decode()
+    assert all(f'<a id="{a}"></a>' in page for a in anchors)
+
+
+def test_make_rules_links_every_alert_to_the_runbook_url_an_operator_sets(tmp_path):
+    r = run("make", "-s", "-C", str(DEPLOY.parent), "rules", f"RULES_DIR={tmp_path}",
+            "RUNBOOK_URL=https://runbook.example/cosched.html")
+    assert r.returncode == 0, r.stdout + r.stderr
+    rules = yaml.safe_load((tmp_path / "cosched-alerts.yml").read_text())
+    for rule in (r for g in rules["groups"] for r in g["rules"]):
+        assert rule["annotations"]["runbook_url"] == "https://runbook.example/cosched.html#" + rule["alert"].lower()
+    r = run("promtool", "check", "rules", "cosched-alerts.yml", cwd=tmp_path)
+    assert r.returncode == 0 and "SUCCESS: 15 rules found" in r.stdout, r.stdout + r.stderr
 
 
 def test_alert_rules_check_and_unit_tests_pass():

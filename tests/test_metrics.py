@@ -82,6 +82,8 @@ def test_metrics_are_served_over_http_and_the_server_stops():
         assert 'cosched_build_info{version="' in text and "process_cpu_seconds_total" in text
         with urllib.request.urlopen(f"{url}/healthz", timeout=5) as r:
             assert r.status == 200 and r.read() == b"ok\n"
+        with urllib.request.urlopen(f"{url}/runbook", timeout=5) as r:   # what the alert rules link to
+            assert r.status == 200 and '<a id="coscheddown"></a>## CoschedDown' in r.read().decode()
         health["healthy"] = False                       # a worker died: the probe fails, /metrics still answers
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(f"{url}/healthz", timeout=5)

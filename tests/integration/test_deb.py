@@ -26,7 +26,9 @@ def test_make_deb_builds_a_package_lintian_accepts_with_everything_in_it():
                  "./usr/share/cosched/prometheus/cosched-alerts.yml",
                  "./usr/share/cosched/grafana/dashboards/cosched-host.json",
                  "./usr/share/man/man8/cosched.8.gz", "./usr/share/bash-completion/completions/cosched",
-                 "./usr/share/doc/cosched/examples/gang.xml", "./usr/share/doc/cosched/README.md"):
+                 "./usr/share/doc/cosched/examples/gang.xml", "./usr/share/doc/cosched/README.md.gz",
+                 "./usr/share/doc/cosched/runbook.md.gz",
+                 "./usr/lib/python3/dist-packages/cosched/runbook.md"):            # what /runbook serves
         assert path in files, path
     field = lambda name: subprocess.run(["dpkg-deb", "-f", str(deb), name], capture_output=True, text=True,
                                         check=True).stdout.strip()
@@ -40,5 +42,7 @@ def test_make_deb_builds_a_package_lintian_accepts_with_everything_in_it():
     with tarfile.open(fileobj=io.BytesIO(unit)) as tar:
         text = tar.extractfile("./lib/systemd/system/cosched.service").read().decode()
         rules = tar.extractfile("./usr/share/cosched/prometheus/cosched-alerts.yml").read().decode()
+        served = tar.getmember("./usr/lib/python3/dist-packages/cosched/runbook.md")
+        assert served.isfile() and b"## CoschedDown" in tar.extractfile(served).read()   # the file, not a link
     assert "ExecStart=/usr/bin/cosched daemon" in text and "/usr/local" not in text
-    assert "/usr/local" not in rules
+    assert "/usr/local" not in rules and "http://{{ $labels.instance }}/runbook#coschedguestpolicyerror" in rules

@@ -162,6 +162,13 @@ def test_every_rule_evaluates_and_the_policy_error_is_pending(stack):
     policy = next(r for r in rules if r["name"] == "CoschedGuestPolicyError")
     assert {a["labels"]["domain"] for a in policy["alerts"]} == {names[2]} and len(policy["alerts"]) == 2
     assert {a["state"] for a in policy["alerts"]} == {"pending"}          # for: 5m
+    # its runbook link, as Prometheus expands it, opens the daemon's own runbook at the alert's entry
+    for alert in policy["alerts"]:
+        url = alert["annotations"]["runbook_url"]
+        assert url == f"http://{alert['labels']['instance']}/runbook#coschedguestpolicyerror", url
+        with urllib.request.urlopen(url.partition("#")[0], timeout=5) as r:
+            assert r.headers["Content-Type"].startswith("text/html") and \
+                '<a id="coschedguestpolicyerror">' in r.read().decode()
     down = next(r for r in rules if r["name"] == "CoschedDown")
     assert down["alerts"] == []
     # a healthy daemon: its health series exist, with healthy values, and their alerts are quiet
