@@ -142,8 +142,10 @@ for tid, child in threads.items():
 class Container:
     """A booted container; ``exec`` runs a command in it."""
 
-    def __init__(self, root: Path, src: Path, image_dir: Path, wheels: Path, log: Path):
+    def __init__(self, root: Path, src: Path, image_dir: Path, wheels: Path, log: Path, binds: tuple[str, ...] = ()):
+        """``binds``: more ``--bind=`` arguments (``HOST[:INSIDE]``)."""
         self.root, self.src, self.image_dir, self.wheels, self.log = root, src, image_dir, wheels, log
+        self.binds = binds
         self.proc: subprocess.Popen | None = None
         self.leader: int | None = None
         self.env: dict[str, str] = {}
@@ -155,7 +157,8 @@ class Container:
             ["systemd-nspawn", "--quiet", "--boot", "--directory", str(self.root), "--register=no", "--keep-unit",
              "--volatile=overlay", "--console=passive", "--machine=cosched-test",
              "--capability=CAP_BPF,CAP_PERFMON", "--system-call-filter=bpf",   # cosched's in-kernel meter
-             f"--bind={self.src}:/src", f"--bind-ro={self.image_dir}:/image", f"--bind-ro={self.wheels}:/wheels"],
+             f"--bind={self.src}:/src", f"--bind-ro={self.image_dir}:/image", f"--bind-ro={self.wheels}:/wheels",
+             *(f"--bind={b}" for b in self.binds)],
             stdin=subprocess.DEVNULL, stdout=open(self.log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
             env={**os.environ, **self.env})
         deadline = time.monotonic() + timeout
