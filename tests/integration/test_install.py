@@ -8,23 +8,24 @@ edited).
 """
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def make(target: str, root: Path) -> subprocess.CompletedProcess:
+def make(target: str, root: Path, *more: str) -> subprocess.CompletedProcess:
     dests = [f"PREFIX={root}/usr/local", f"LIBDIR={root}/opt/cosched", f"SYSCONFDIR={root}/etc/cosched",
              f"UNITDIR={root}/etc/systemd/system"]
-    r = subprocess.run(["make", "-s", "-C", str(REPO), target, *dests], capture_output=True, text=True)
+    r = subprocess.run(["make", "-s", "-C", str(REPO), target, *dests, *more], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     return r
 
 
 def test_install_then_uninstall(tmp_path):
     root = tmp_path / "root"
-    make("install", root)
+    make("install", root, "RUNBOOK_URL=https://runbook.example/cosched.html")
     cosched = root / "usr/local/bin/cosched"
     config = root / "etc/cosched/cosched.toml"
     unit = root / "etc/systemd/system/cosched.service"
@@ -35,7 +36,8 @@ def test_install_then_uninstall(tmp_path):
     text = unit.read_text()
     assert f"ExecStart={cosched} daemon --config {config}" in text
     assert f"ExecStopPost={cosched} reset --config {config}" in text
-    r = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True)
+    r = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True,
+                       env={**os.environ, "MANPATH": str(root / "usr/local/share/man")})   # Documentation=man:
     assert r.returncode == 0 and "cosched.service" not in r.stderr, r.stderr
     assert sorted(p.name for p in (share / "grafana/dashboards").iterdir()) == ["cosched-fleet.json", "cosched-guest.json",
                                                                                     "cosched-host.json"]
@@ -49,7 +51,8 @@ def test_install_then_uninstall(tmp_path):
     assert sorted(p.name for p in (root / "usr/local/share/doc/cosched/examples").iterdir()) == sorted(
         p.name for p in (REPO / "vm-templates/examples").iterdir())
     alerts = (share / "prometheus/cosched-alerts.yml").read_text()
-    assert f"runbook_url: \"file://{root}/usr/local/share/doc/cosched/README.md#" in alerts
+    assert 'runbook_url: "https://runbook.example/cosched.html#coscheddown"' in alerts and "/runbook#" not in alerts
+    assert (root / "usr/local/share/doc/cosched/runbook.md").exists()
     # only what runs: libvirt's binding is Debian's (nothing compiled), no test or benchmark extras
     python = root / "opt/cosched/bin/python"
     r = subprocess.run([str(python), "-c", "import libvirt, prometheus_client; print(libvirt.__file__); "
@@ -61,6 +64,9 @@ def test_install_then_uninstall(tmp_path):
                             capture_output=True, text=True).stdout.lower()
     for absent in ("libvirt-python", "prometheus", "psutil", "qemu", "pytest", "hypothesis", "matplotlib"):
         assert absent not in listed, absent                 # nothing but cosched itself: the rest is Debian's
+    r = subprocess.run([str(python), "-c", "from cosched import runbook; print(runbook.text())"],
+                       capture_output=True, text=True)      # what the daemon serves at /runbook
+    assert r.returncode == 0 and "## CoschedDown" in r.stdout, r.stderr
 
     config.write_text(config.read_text() + "reserved_cpus = [0]\n")     # the operator's own setting
     make("uninstall", root)
