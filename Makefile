@@ -132,7 +132,8 @@ install: runtime-deps
 	    > $(SHAREDIR)/grafana/provisioning/dashboards/cosched.yaml
 	install -m 0644 deploy/grafana/provisioning/datasources/*.yaml $(SHAREDIR)/grafana/provisioning/datasources/
 	$(MAKE) -s rules RULES_DIR=$(SHAREDIR)/prometheus
-	install -m 0644 README.md docs/fleet.md docs/runbook.md $(DOCDIR)/
+	install -m 0644 README.md CHANGELOG.md $(DOCDIR)/
+	cp -r docs $(DOCDIR)/ && chmod -R u=rwX,go=rX $(DOCDIR)/docs
 	install -m 0644 vm-templates/examples/* $(DOCDIR)/examples/
 	install -D -m 0644 docs/cosched.8 $(MANDIR)/man8/cosched.8
 	install -D -m 0644 deploy/bash-completion/cosched $(COMPLETIONDIR)/cosched

@@ -1,7 +1,7 @@
 """Prometheus metrics: a custom collector on a private registry.
 
 Each scrape reads the current snapshot and the sampler's accumulated figures;
-nothing is stored twice. Names and labels are a contract (README, dashboards
+nothing is stored twice. Names and labels are a contract (docs/reference/metrics.md, dashboards
 and alerts depend on them): seconds, never nanoseconds, and no TID or PID
 labels. A domain's series disappear with the domain.
 """

@@ -28,7 +28,7 @@ Linux 6.17 on) the sampler reads it from each vCPU's own cgroup with the
 rest, so each window gets exactly the co-stops in it; before, it takes the
 engine's count, which comes ten times a second (a window then gets a tenth
 of a second's co-stops at once: ``relaxed``'s skew, one vCPU co-stopped
-at a time, read 2.6-4.4x the kernel trace's that way; README, *Metrics*).
+at a time, read 2.6-4.4x the kernel trace's that way; docs/reference/metrics.md).
 
 Where the in-kernel meter runs (:mod:`cosched.sampler.meter`; config key
 ``meter``), a pass reads it instead of ``/proc``: every thread's run, wait

@@ -27,7 +27,7 @@ def test_make_deb_builds_a_package_lintian_accepts_with_everything_in_it():
                  "./usr/share/cosched/grafana/dashboards/cosched-host.json",
                  "./usr/share/man/man8/cosched.8.gz", "./usr/share/bash-completion/completions/cosched",
                  "./usr/share/doc/cosched/examples/gang.xml", "./usr/share/doc/cosched/README.md.gz",
-                 "./usr/share/doc/cosched/runbook.md.gz",
+                 "./usr/share/doc/cosched/docs/runbook.md.gz",
                  "./usr/lib/python3/dist-packages/cosched/runbook.md"):            # what /runbook serves
         assert path in files, path
     field = lambda name: subprocess.run(["dpkg-deb", "-f", str(deb), name], capture_output=True, text=True,

@@ -45,14 +45,14 @@ def test_install_then_uninstall(tmp_path):
     assert (share / "prometheus/cosched-alerts.yml").exists()
     assert (share / "prometheus/cosched-fleet-rules.yml").exists()
     assert (root / "usr/local/share/doc/cosched/README.md").exists()
-    assert (root / "usr/local/share/doc/cosched/fleet.md").exists()
+    assert (root / "usr/local/share/doc/cosched/docs/fleet.md").exists()      # README links docs/...
     assert (root / "usr/local/share/man/man8/cosched.8").exists()
     assert (root / "usr/local/share/bash-completion/completions/cosched").exists()
     assert sorted(p.name for p in (root / "usr/local/share/doc/cosched/examples").iterdir()) == sorted(
         p.name for p in (REPO / "vm-templates/examples").iterdir())
     alerts = (share / "prometheus/cosched-alerts.yml").read_text()
     assert 'runbook_url: "https://runbook.example/cosched.html#coscheddown"' in alerts and "/runbook#" not in alerts
-    assert (root / "usr/local/share/doc/cosched/runbook.md").exists()
+    assert (root / "usr/local/share/doc/cosched/docs/runbook.md").exists()
     # only what runs: libvirt's binding is Debian's (nothing compiled), no test or benchmark extras
     python = root / "opt/cosched/bin/python"
     r = subprocess.run([str(python), "-c", "import libvirt, prometheus_client; print(libvirt.__file__); "
