@@ -129,7 +129,9 @@ def observation(total: int, per_guest: int, seconds: float, work: Path, budget: 
                     "cpu_pct": 100 * cpu / (t1 - t0),
                     "meter_cpu_pct": 100 * (m1[0] - m0[0]) / (t1 - t0), "meter_runs_per_s": runs / (t1 - t0),
                     "meter_ns_per_run": 1e9 * (m1[0] - m0[0]) / runs if runs else None,
-                    "budget_pct": budget, "period_ms": s1.get("sample_period_ms"),
+                    "budget_pct": budget,
+                    "period_ms": 1000 * (t1 - t0) / samples if samples else None,   # mean, over the same interval
+                    "period_end_ms": s1.get("sample_period_ms"),
                     "samples": samples, "late_samples": s1["late_samples"] - s0["late_samples"],
                     "us_per_vcpu_sample": 1e6 * cpu / (samples * vcpus) if samples else None,
                     "resync_s": s1.get("last_resync_seconds"), "scrape_s": scrape_s, "metrics_bytes": size,
@@ -290,7 +292,7 @@ def summary(res: dict) -> str:
              "Observed by `proc` (the sampler reading `/proc`) or `meter` (the in-kernel meter; its "
              "programs run in the scheduler, not in the daemon, so their run time is counted apart, from the "
              "kernel's BPF statistics, and added in `total`).", "",
-             "| vCPUs | guests | observed by | daemon CPU % | meter CPU % (runs/s, ns per run) | total CPU % | sampling period ms | µs per vCPU-sample | samples/s | late | resync ms | scrape ms | /metrics KiB | RSS MiB |",
+             "| vCPUs | guests | observed by | daemon CPU % | meter CPU % (runs/s, ns per run) | total CPU % | mean sampling period ms | µs per vCPU-sample | samples/s | late | resync ms | scrape ms | /metrics KiB | RSS MiB |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for o in res["observation"]:
         meter = (f"{o['meter_cpu_pct']:.2f} ({o['meter_runs_per_s']:.0f}, {o['meter_ns_per_run'] or 0:.0f})"
