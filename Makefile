@@ -27,7 +27,7 @@ LIBDIR ?= /opt/cosched
 SYSCONFDIR ?= /etc/cosched
 UNITDIR ?= /etc/systemd/system
 
-.PHONY: deps runtime-deps venv meter image services test unit integration soak demo bench bench-smoke bench-scale install uninstall clean deb rules
+.PHONY: deps runtime-deps venv meter image services test unit kernel integration soak demo bench bench-smoke bench-scale install uninstall clean deb rules
 
 missing = $$(for p in $(1); do \
 	    dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done)
@@ -70,11 +70,16 @@ image: deps venv
 services: deps venv
 	$(PY) -m testbed.services
 
+# tests/unit: fake hosts, no root needed; tests/kernel: root, the real kernel, no guests;
+# tests/integration: root, libvirtd and real guests
 unit: venv meter
-	$(PY) -m pytest -q -m 'not integration' tests
+	$(PY) -m pytest -q tests/unit
+
+kernel: venv meter
+	$(PY) -m pytest -q tests/kernel
 
 integration: image services meter
-	$(PY) -m pytest -q -m integration tests
+	$(PY) -m pytest -q tests/integration
 
 test: image services meter
 	$(PY) -m pytest -q tests

@@ -6,9 +6,9 @@
 Runs, one after the other (never two VM-heavy suites at once), each test
 file of the fault suite at full length:
 
-* ``tests/test_fuzz.py``: ``--fuzz`` fuzzed configuration files, preset
+* ``tests/unit/test_fuzz.py``: ``--fuzz`` fuzzed configuration files, preset
   files, annotations and domain XML documents each;
-* ``tests/test_faults.py``: kernel errors (EBUSY, ENOENT, EPERM, EINVAL, a
+* ``tests/unit/engine/test_faults.py``: kernel errors (EBUSY, ENOENT, EPERM, EINVAL, a
   write that succeeds but does not take) injected into every actuator;
 * ``tests/integration/test_chaos.py``: ``--kills`` SIGKILLs of the daemon
   or its switcher at random points of a rotation, ``--restarts`` restarts
@@ -18,7 +18,7 @@ file of the fault suite at full length:
 * ``tests/integration/test_synthetic.py``: ``--cycles`` synthetic guests
   created and destroyed next to a rotation.
 
-Each test records what it did and found (``tests/soak.py``) into
+Each test records what it did and found (``tests/support/soak.py``) into
 ``DIR/figures.json``; each file's pytest output is kept in ``DIR/NAME.log``
 with its exit status. ``DIR/summary.md`` is the table: per part, cycles
 run, faults injected, leaks found (target 0), daemon exits (target 0).
@@ -40,8 +40,8 @@ from pathlib import Path
 
 def parts(args) -> list[tuple[str, list[str], dict]]:
     return [
-        ("fuzz", ["tests/test_fuzz.py"], {"COSCHED_FUZZ_EXAMPLES": str(args.fuzz)}),
-        ("faults", ["tests/test_faults.py"], {}),
+        ("fuzz", ["tests/unit/test_fuzz.py"], {"COSCHED_FUZZ_EXAMPLES": str(args.fuzz)}),
+        ("faults", ["tests/unit/engine/test_faults.py"], {}),
         ("chaos", ["tests/integration/test_chaos.py"],
          {"COSCHED_KILLS": str(args.kills), "COSCHED_REAL_CYCLES": str(args.real_cycles),
           "COSCHED_RESTARTS": str(args.restarts)}),

@@ -1,23 +1,19 @@
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE / "guard"))
+from tests.support.fakehost import CgroupEventsFS, FakeHost
+from tests.support.guard.guard_rules import install
 
-from fakehost import CgroupEventsFS, FakeHost  # noqa: E402
-from guard_rules import install  # noqa: E402
+GUARD = Path(__file__).resolve().parent / "support" / "guard"
 
 
-# The scheduling guard (tests/guard): in this process, and in every Python
+# The scheduling guard (tests/support/guard): in this process, and in every Python
 # process a test starts (daemons, switchers, the CLI) through sitecustomize.
 os.environ.setdefault("COSCHED_TEST_SESSION_PID", str(os.getpid()))   # the parent of the synthetic guests
 GUARD_LOG = Path(os.environ.setdefault("COSCHED_TEST_GUARD_LOG", f"/tmp/cosched-test-guard-{os.getpid()}.log"))
-os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE / "guard"), os.environ.get("PYTHONPATH")]))
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(GUARD), os.environ.get("PYTHONPATH")]))
 install()
 
 
@@ -46,6 +42,6 @@ def fs(fake):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """The fault suite's figures, for ``make soak`` (see ``tests/soak.py``)."""
-    import soak
+    """The fault suite's figures, for ``make soak`` (see ``tests/support/soak.py``)."""
+    from tests.support import soak
     soak.write()

@@ -57,7 +57,7 @@ caller keeps it from running between the two calls where it can
 that ran there took the zero reservation's rate: a thread of the test
 process that computed and slept by turns did so, not kept still, within
 its first 30 returns in each of two runs of an earlier version of the
-kernel test (``tests/test_journal.py``), and its next boost found no
+kernel test (``tests/kernel/test_sched.py``), and its next boost found no
 budget. :meth:`SchedKnob.fresh` tells the switcher when a boost found
 such a state left over anyway, and the switcher takes that boost back at
 once (straight: its budget is spent). Where the clocks cannot be compared

@@ -146,7 +146,7 @@ def boost_attr(boost_ms: float, share: float = MAX_SHARE) -> SchedAttr:
     for the zero reservation's period, ``sched_deadline_period_max_us``,
     4.2 s by default). Measured on a
     process boosting itself next to two spinning ones
-    (``tests/test_journal.py``): re-boosted sooner, from the second or
+    (``tests/kernel/test_sched.py``): re-boosted sooner, from the second or
     third boost on each one stopped it, once for 4.2 s; re-boosted after
     the period, every boost ran at full speed. Two boosted threads queued
     on one CPU make the kernel push one to another CPU (deadline push),
@@ -187,7 +187,7 @@ def fresh_ns(boost_ms: float, share: float) -> int:
     before the call instead, a boost can come microseconds before the last
     one's deadline, inherit it, outlive it and so leave through the zero
     reservation with its deadline passed: the test of forty boosts
-    (``tests/test_journal.py``) counted so failed twice in 18 runs, once
+    (``tests/kernel/test_sched.py``) counted so failed twice in 18 runs, once
     with a boost that waited 4.2 s (none in 25 runs since)."""
     return boost_attr(boost_ms, share).period_ns + WATCH_POLL_NS
 

@@ -46,7 +46,7 @@ import time
 import psutil
 import pytest
 
-from soak import record
+from tests.support.soak import record
 from testbed import guests, services
 
 from .conftest import PREFIX, DaemonProcess

@@ -18,7 +18,7 @@ from testbed import guests
 from .conftest import PREFIX, DaemonProcess
 from .test_enforce import wait_gang, watch_from_outside
 
-NOVA = (Path(__file__).parents[1] / "data" / "nova-instance.xml").read_text()
+NOVA = (Path(__file__).parents[1] / "support" / "data" / "nova-instance.xml").read_text()
 
 
 def nova_metadata(flavor: str, extra_spec: str | None = None) -> str:

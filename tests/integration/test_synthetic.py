@@ -17,7 +17,7 @@ import time
 import pytest
 
 from cosched.kernel import parse_stat
-from soak import record
+from tests.support.soak import record
 from testbed import synthetic
 
 from .conftest import DaemonProcess

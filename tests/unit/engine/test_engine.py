@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from fakehost import FakeAffinity, FakeSched, ThreadSwitcher
+from tests.support.fakehost import FakeAffinity, FakeSched, ThreadSwitcher
 
 from cosched.actuators.journal import Journal
 from cosched.actuators.sched import SchedAttr

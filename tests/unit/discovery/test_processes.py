@@ -3,7 +3,7 @@ import json
 import shutil
 
 import pytest
-from fakehost import FakeAffinity, FakeSched, ThreadSwitcher
+from tests.support.fakehost import FakeAffinity, FakeSched, ThreadSwitcher
 
 from cosched.actuators.journal import Journal
 from cosched.annotation import AnnotationError, tag_policy
@@ -172,7 +172,7 @@ class CgroupFS:
     ``cgroup.freeze``, and a cgroup's directory goes with its control files."""
 
     def __new__(cls, fake):
-        from fakehost import CgroupEventsFS
+        from tests.support.fakehost import CgroupEventsFS
 
         class FS(CgroupEventsFS):
             def write(self, host_path, data):
@@ -196,7 +196,7 @@ class CgroupFS:
 
 
 def test_a_proxmox_guest_gets_per_vcpu_cgroups_is_frozen_per_vcpu_and_given_back(tmp_path):
-    from fakehost import FakeHost
+    from tests.support.fakehost import FakeHost
     fake = FakeHost(tmp_path, mode="unified")                # Proxmox VE hosts are pure cgroup v2
     fs = CgroupFS(fake)
     for n, vmid in enumerate((8006, 8007)):

@@ -6,7 +6,7 @@ from cosched.discovery.libvirt import DomainFacts
 from cosched.discovery.threads import Placed, find_qemu_pid, live_state, vcpu_threads
 from cosched.hostfs import FD_SETSIZE, HostFS, parse_cpu_list
 from cosched.policy.presets import Presets
-from fakehost import FakeHost
+from tests.support.fakehost import FakeHost
 
 UUID = "11111111-2222-3333-4444-555555555555"
 GANG_XML = f"""<domain type='qemu'><name>vm1</name><uuid>{UUID}</uuid><metadata>

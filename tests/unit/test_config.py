@@ -43,7 +43,7 @@ def test_missing_file_is_an_error(tmp_path):
 def test_deploy_example_is_valid_and_lists_every_key():
     from dataclasses import fields
     from pathlib import Path
-    example = Path(__file__).resolve().parents[1] / "deploy" / "cosched.toml"
+    example = Path(__file__).resolve().parents[2] / "deploy" / "cosched.toml"
     assert load(str(example)) == Config()           # the example shows the defaults
     text = example.read_text()
     assert all(f"\n{f.name} = " in text for f in fields(Config))

@@ -22,7 +22,7 @@ from xml.sax.saxutils import quoteattr
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from soak import record
+from tests.support.soak import record
 
 from cosched.annotation import AnnotationError, domain_policy
 from cosched.compat import tomllib

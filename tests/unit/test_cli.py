@@ -9,7 +9,7 @@ import pytest
 
 from cosched.cli import main, render
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def xml(tmp_path, policy):

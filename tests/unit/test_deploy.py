@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 DASHBOARDS = sorted((DEPLOY / "grafana" / "dashboards").glob("*.json"))
 UNIT = DEPLOY / "systemd" / "cosched.service"
 

@@ -11,7 +11,7 @@ from cosched.policy.plan import PlanConfig, plan
 from cosched.sampler import DomainView, VcpuView
 from cosched.sampler.kvm import KvmCounts, KvmStats, from_libvirt_stats
 
-from fakehost import HYBRID_MOUNTINFO, FakeHost
+from tests.support.fakehost import HYBRID_MOUNTINFO, FakeHost
 
 DEBUGFS = "25 20 0:7 / /sys/kernel/debug rw,nosuid,nodev,noexec,relatime shared:12 - debugfs debugfs rw\n"
 

@@ -22,10 +22,10 @@ import os
 import time
 
 import pytest
-from fakehost import CgroupEventsFS, FakeAffinity, FakeSched, ThreadSwitcher
-from soak import record
-from test_engine import GANG, UUIDS, freeze_file, snapshot
-from test_switcher import CPU, Clock, gang, member, tree
+from tests.support.fakehost import CgroupEventsFS, FakeAffinity, FakeSched, ThreadSwitcher
+from tests.support.soak import record
+from tests.unit.engine.test_engine import GANG, UUIDS, freeze_file, snapshot
+from tests.unit.engine.test_switcher import CPU, Clock, gang, member, tree
 
 from cosched.actuators import journal as jr
 from cosched.actuators.journal import Journal

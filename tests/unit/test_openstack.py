@@ -7,7 +7,7 @@ from cosched.annotation import AnnotationError, domain_policy
 from cosched.config import ConfigError, from_dict
 from cosched.policy.presets import Presets
 
-NOVA = (Path(__file__).parent / "data" / "nova-instance.xml").read_text()
+NOVA = (Path(__file__).resolve().parents[1] / "support" / "data" / "nova-instance.xml").read_text()
 PRESETS = Presets.load([])
 RULES = (("hpc.*", "gang"), ("*", "auto"))
 

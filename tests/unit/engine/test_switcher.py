@@ -5,7 +5,7 @@ import threading
 import time
 from dataclasses import replace
 
-from fakehost import CgroupEventsFS as FreezerFS, FakeSched
+from tests.support.fakehost import CgroupEventsFS as FreezerFS, FakeSched
 
 from cosched.actuators.sched import SchedAttr, zero_bandwidth
 from cosched.engine import protocol as pr

@@ -10,7 +10,7 @@ from cosched.model import Domain, Host, Snapshot, Vcpu
 from cosched.policy.plan import PlanConfig, plan
 from cosched.policy.presets import Presets
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "vm-templates" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "vm-templates" / "examples"
 
 
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.xml")), ids=lambda p: p.stem)

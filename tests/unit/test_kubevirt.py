@@ -10,7 +10,7 @@ from cosched import kubevirt
 from cosched.annotation import domain_policy
 from cosched.policy.presets import Presets
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "support" / "data"
 DOMAIN = (DATA / "kubevirt-domain.xml").read_bytes()
 
 

@@ -115,7 +115,7 @@ def test_repair_recounts_only_a_wrong_total_and_names_what_is_still_wrong(cgfs):
 
 
 def test_settle_waits_for_the_released_bandwidth_then_repairs(cgfs, tmp_path):
-    from fakehost import FakeSched
+    from tests.support.fakehost import FakeSched
     now = [1_000_000_000]
     knob = FakeSched().knob(cgfs, clock=lambda: now[0])
     knob._released = now[0] + 30_000_000
