@@ -528,7 +528,10 @@ def mixed(res: dict) -> list[str]:
             per = [_median(rel[m][g]) for g in names]
             sums[m] = sum(v for v in per if v is not None)
             rows.append([m] + [_num(v) for v in per] + [_num(sums[m])])
-        lines += [f"{unit} ({len(names)} guests):", ""] + _table(head, rows) + [""]
+        held = {r.get("held_out") for r in rs}
+        kept = ("; held out: auto's thresholds were never tuned on it" if held == {True} else
+                "; tuning set: auto's thresholds were set on it" if held == {False} else "")
+        lines += [f"{unit} ({len(names)} guests{kept}):", ""] + _table(head, rows) + [""]
         demand = {g: [r["alone_cpus"][g] for r in rs if (r.get("alone_cpus") or {}).get(g)] for g in names}
         if all(demand.values()):
             need = {g: _mean(v) for g, v in demand.items()}

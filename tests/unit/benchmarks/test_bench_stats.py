@@ -413,3 +413,15 @@ def test_mixed_rows_are_told_apart_by_name_and_judged_on_medians():
     assert "mixed busy-x2 (2 guests)" in text and "mixed x2 (2 guests)" in text
     assert "| cfs | 0.50 | 0.30 | 0.80 |" in text                  # medians of (0.5, 0.4, 0.9) and (0.2, 0.3, 0.9)
     assert "CPU time allows a sum of at most 1.50" in text and "ep threads=1 none+slot" in text
+
+
+def test_each_mixed_row_says_whether_auto_was_tuned_on_it():
+    from benchmarks.report import mixed
+    from benchmarks.suite import HELD_OUT, MIXED
+    assert HELD_OUT and HELD_OUT < set(MIXED) and set(MIXED) - HELD_OUT    # both sets are run
+    run = lambda unit, held: {"workload": "mixed", "unit": unit, "guests": 1, "mode": "cfs", "rep": 0,  # noqa: E731
+                              "valid": True, "alone": {"a": 1.0}, "guest_workloads": {"a": "pigz"},
+                              "per_guest": {"a": {"rate": 1.0}}, "held_out": held}
+    text = "\n".join(mixed({"runs": [run("mixed software-x1", True), run("mixed x1", False)]}))
+    assert "mixed software-x1 (1 guests; held out: auto's thresholds were never tuned on it)" in text
+    assert "mixed x1 (1 guests; tuning set: auto's thresholds were set on it)" in text
