@@ -5,64 +5,7 @@ domain's admission total (``dl_bw->total_bw``) and refuses (EBUSY) a
 request that would take the total past the cap (95% of the CPUs by
 default). Two things make that total wrong on a host where cosched boosts:
 
-* When it rebuilds its root domains, the kernel counts the total afresh
-  from the threads that are SCHED_DEADLINE at that moment. A thread that
-  has left SCHED_DEADLINE with its bandwidth still counted (a boost
-  returned *straight*: :mod:`cosched.actuators.sched`, until its zero-lag
-  time) is not among them, yet its bandwidth is still subtracted when its
-  time comes: the total drops below what is there and, with nothing else
-  to hold it up, below zero, where the unsigned total wraps. Until the
-  next rebuild, after cosched has stopped too, the kernel refuses every
-  deadline request, cosched's boosts and any other program's, smaller
-  than that shortfall less what is really held (the unsigned sum stays
-  past the cap), and admits larger ones, counted short.
-  On hosts with the v1 ``cpuset`` controller (hybrid and legacy cgroups)
-  every change of a load-balanced cpuset's CPUs rebuilds: libvirt pinning
-  a vCPU (which writes its cpuset; cosched's own pinning sets thread
-  affinity only, which does not), a guest started or stopped. Measured on this kernel
-  (6.18, ``benchmarks/evidence/boost-admission-underflow/recount/steps.py``):
-  a process given 200 ms per 1 s, returned straight after running 300 ms,
-  then one cpuset write, and half a second later the total read -104859,
-  the fair servers' 104856 less that reservation's 209715; a request for
-  no bandwidth was refused until the next rebuild. In a benchmark, every
-  boost of a whole run was refused after mode switches re-pinned vCPUs
-  while other guests boosted (``benchmarks/evidence/boost-admission-underflow/``).
-* A thread that leaves while asleep after its zero-lag time keeps its
-  bandwidth counted for good (:mod:`cosched.actuators.sched`, which avoids
-  it for its own boosts).
-
-:meth:`Admission.wrong` tells: a request for no bandwidth at all
-(:func:`~cosched.actuators.sched.zero_bandwidth`, 0 in the kernel's fixed
-point) is refused only when the total is already past the cap, which
-admission never lets happen while the count is right, and always when it
-wrapped. It is made for a child process of cosched's own kept asleep
-(``cat``, reading a pipe only cosched writes to, so it exits with
-cosched), and returned at once: a thread of cosched's own process could
-be asleep waiting for Python's lock, take it as the call releases it,
-spend the reservation's 1,024 ns at once and keep the lock until its next
-period, seconds later (a first version so stalled the switcher for 2.8 s).
-
-:meth:`Admission.recount` makes the kernel count again: a cpuset of
-cosched's own (:data:`RECOUNT_DIR`, directly under the v1 cpuset root) is
-given every CPU, then none, and removed. Measured with a wrapped total
-(``steps.py`` above): making the directory does not recount, writing its
-CPUs recounts at once (the total right when the write returned), emptying
-them and removing the emptied directory do not (removing one that still
-has CPUs does, within 50 ms, from a work queue: too late to know what it
-counts). So a recount is one rebuild, done when the write returns. It is
-right only if no thread of this host has bandwidth pending release at
-that moment: the switcher recounts once its boosts have ended and their
-releases are over (:meth:`~cosched.actuators.sched.SchedKnob.released_by`).
-Nothing of it outlives the call; a directory left by a process killed
-between the two (:meth:`Admission.cleanup`) goes at the next recount, at
-the daemon's start and at ``cosched reset``.
-
-On a pure cgroup v2 host scheduling domains follow cpuset partition roots
-(``cpuset.cpus.partition`` in the kernel's
-``Documentation/admin-guide/cgroup-v2.rst``), so an ordinary cpuset's
-change, pinning included, should not rebuild them: read, not measured
-(this host's cpuset controller is v1). cosched cannot recount there, and
-says so when it sees the total wrong.
+How it works, with the measurements behind it: ``docs/design/admission.md``.
 """
 from __future__ import annotations
 

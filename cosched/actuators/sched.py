@@ -7,65 +7,7 @@ express neither nice nor deadline parameters, so this module speaks the
 kernel's ``sched_getattr(2)`` / ``sched_setattr(2)`` directly, through libc's
 ``syscall``. :data:`cosched.kernel.POLICIES` is the one table of policy names.
 
-The journal entry (kind ``sched``) names the thread by TID *and* start time:
-a TID the kernel has since given to another thread is not touched.
-
-Leaving SCHED_DEADLINE takes care. How Linux lets go of a deadline thread,
-as read in ``kernel/sched/deadline.c`` (6.17: ``switched_from_dl``,
-``task_non_contending``, the inactive timer): its bandwidth stays counted in the
-root domain's admission total (``dl_bw->total_bw``) until its *zero-lag
-time*, its deadline less its budget left at its reservation's rate
-(deadline - budget x period / runtime); then the kernel subtracts it and
-clears the thread's deadline state. A thread on a run queue when it
-leaves is let go of at once if that time has passed, else by a timer then;
-a thread asleep is let go of only by the timer it started when it fell
-asleep as a deadline thread, if that time still lay ahead. Measured on
-this kernel, each the way cosched first met it:
-
-* a thread set back to its policy while asleep after its zero-lag time
-  keeps its bandwidth counted for good (until the kernel next rebuilds its
-  root domains); boosting blocking guests so filled all of the host's
-  deadline bandwidth within seconds, after which every boost on the host
-  was refused (EBUSY). A thread first given the smallest reservation the
-  kernel accepts (:func:`zero_bandwidth`: 1,024 ns per longest period, 0
-  in the kernel's fixed point) and then its policy leaves nothing counted,
-  whatever its state;
-* but a thread whose budget runs out under the zero reservation, or that
-  is throttled when it takes it, is given a deadline at that reservation's
-  rate: seconds away, and its zero-lag time minutes to hours away. A boost
-  before then inherits that state and the thread does not run at all
-  while boosted: 1,081 of 1,083 boosts of two barrier guests found the
-  spent budget of the vCPU's last return (``benchmarks/evidence/
-  boost-throttled``), and a thread of the kernel test, returned through
-  the zero reservation while running with 876 us of budget, overran it
-  between the two calls and was never run again in a boost.
-
-So this knob reads a leaving thread's budget and deadline (``dl.runtime``
-and ``dl.deadline`` of ``/proc/TID/sched``, on the kernel's scheduler clock:
-:func:`kernel_clock_offset`) and its state, and returns it *straight* when
-it is runnable and either its zero-lag time lies more than
-:data:`LEAVE_MARGIN_NS` ahead (one that falls asleep before the call falls
-asleep as a deadline thread with that time ahead, so the kernel's timer
-lets go of it) or its budget has run out (through the zero reservation it
-would be throttled at once). Its next deadline reservation waits until
-that zero-lag time (:meth:`SchedKnob.quiet_until`). Every other thread
-(asleep: it may have fallen asleep before it was a deadline thread, and
-then nothing lets go of it; runnable on a budget with its zero-lag time
-near; state not readable) leaves through the zero reservation, and the
-caller keeps it from running between the two calls where it can
-(``still``: the switcher freezes the vCPU's cgroup for them). A thread
-that ran there took the zero reservation's rate: a thread of the test
-process that computed and slept by turns did so, not kept still, within
-its first 30 returns in each of two runs of an earlier version of the
-kernel test (``tests/kernel/test_sched.py``), and its next boost found no
-budget. :meth:`SchedKnob.fresh` tells the switcher when a boost found
-such a state left over anyway, and the switcher takes that boost back at
-once (straight: its budget is spent). Where the clocks cannot be compared
-every thread leaves through the zero reservation, held for that
-reservation's period when its deadline may be behind it. The switcher
-boosts a vCPU afresh only a period after its last boost took effect
-(:class:`cosched.policy.watch.Bcs`); the daemon tells a new switcher what
-it restored (:class:`cosched.engine.protocol.VcpuPlan`).
+How it works, with the measurements behind it: ``docs/design/deadline-boosts.md``.
 """
 from __future__ import annotations
 

@@ -9,57 +9,7 @@ ordinary (CFS) thread may not run at all. The switcher is single-threaded and
 raises itself to SCHED_FIFO above every vCPU boost, so it always gets the CPU
 at a slot boundary.
 
-Protocol (:mod:`cosched.engine.protocol`): the daemon writes a ``Plan`` or
-``Stop`` per line on stdin; the switcher answers ``Ready`` once it runs
-(realtime, if it may), ``Applied`` once a plan is in force, and ``Stats``
-every 0.1 s (every second while it has nothing to switch or watch; co-stop
-time included up to that moment, so that ``auto`` does not mistake
-uncredited co-stop for idleness). The daemon kills a busy switcher that
-stays silent (see :func:`cosched.engine.stall_limit`). When stdin closes (the daemon died),
-on ``stop``, SIGTERM or SIGINT, it thaws every vCPU it froze, returns every
-thread it boosted to the attributes the journal recorded for it, takes back every RT runtime grant,
-and exits. A guest whose vCPU thread exits gives its RT runtime back at once.
-
-Per slot change in a freeze cell, from guest A to guest B: freeze A's vCPUs,
-wait until ``cgroup.events`` says they are frozen (so two guests of a cell
-never run at once), thaw B's; then return A to its normal policy and boost B.
-The switch latency is measured from the first freeze write to the last thaw
-write. A guest frozen longer than ``max_stall_ms`` (the switcher was late, or
-a plan was inconsistent) is force-thawed and counted. The wait for
-``frozen 1`` ends after 50 ms (a quarter of ``max_stall_ms`` if shorter): a
-vCPU still not frozen is reported and keeps its freeze request.
-
-Watched guests (``boost``, ``relaxed``) are polled every ``WATCH_POLL_NS`` (0.5 ms;
-a ``boost`` guest without long waits less often, as its rules ask):
-each vCPU thread's state and host CPU (``/proc/TID/stat``), run time and
-switch-ins (``/proc/TID/schedstat``) and, after either changed, its
-switch-outs (``/proc/TID/status``: whether it is on a CPU), read through
-descriptors kept open (as are the cgroups' ``cgroup.freeze`` and ``cgroup.events``);
-the rules of :mod:`cosched.policy.watch` say whom to boost, co-stop or
-co-start. With the in-kernel meter, the daemon passes the switcher the
-meter's long-wait reports (:class:`cosched.sampler.meter.LongWaits`;
-their descriptors named in ``COSCHED_LONG_WAITS``): a calm ``boost``
-guest's vCPU still waiting 0.5 ms after its wait began wakes the loop, and
-the guest is looked at then. A watched boost is SCHED_DEADLINE (see :func:`boost_attr`), or
-SCHED_FIFO within the period of the vCPU's last deadline boost (see
-:func:`fifo_budget_ns`).
-
-The kernel's deadline admission total goes wrong when it rebuilds its root
-domains while a boost's bandwidth is pending release (a cpuset change:
-pinning, a guest started or stopped; :mod:`cosched.actuators.admission`).
-Short by more than a boost's bandwidth, it refuses every boost (and any
-smaller request on the host); by less, it admits boosts on top and reads
-right while they are held (measured,
-``benchmarks/evidence/boost-admission-underflow/recount/``: a total 209,715
-short admitted a 524,288 reservation, and a request for no bandwidth was
-then granted). So once a second at most, after its boosts or a refused
-one, the switcher starts no boost until the boosts held have ended (within
-``boost-ms``) and their bandwidth is released (within a boost's period: 8
-ms for a 2 ms boost; :data:`SETTLE_MAX_NS` at most), checks the total and,
-if it is wrong, has the kernel recount it. After a refused boost with none
-held and nothing pending (as when the total is short by more than a boost)
-there is nothing to wait for, and it checks every
-:data:`REFUSED_CHECK_NS`.
+How it works, with the measurements behind it: ``docs/design/switcher.md``.
 """
 from __future__ import annotations
 
@@ -103,57 +53,10 @@ REFUSED_CHECK_NS = 100_000_000       # and this often after a refused boost when
 
 
 def boost_attr(boost_ms: float, share: float = MAX_SHARE) -> SchedAttr:
-    """The attributes of a watched deadline boost.
-
-    Measured on a kernel with RT group scheduling: SCHED_FIFO on a vCPU
-    thread fails with EPERM unless RT runtime is granted along its cgroup
-    path, and a FIFO thread that overruns such a grant is throttled until
-    the group's period ends (up to a second without the CPU). The RT group
-    check does not cover SCHED_DEADLINE, and a deadline thread's bandwidth is
-    capped by the kernel itself: ``runtime`` per ``period``, here the boost
-    plus a margin for the poll, at ``share`` of a CPU (:func:`boost_share`).
-    However many vCPUs are boosted (never more than the pool's CPUs), each
-    holds at most that share of a CPU over a period, and the host's own
-    tasks keep the rest even if cosched stops answering.
-
-    Measured against the alternatives on two and four ``barrier`` guests
-    (``benchmarks/evidence/boost-reaction-fifo/``): SCHED_FIFO boosts on
-    RT runtime grants, free to repeat at once (no period to wait, below),
-    answered 94-95% of the waits due a boost within 1 ms where these alone
-    answered 37-40%, but gave the guests 32% and 24% of the ideal where
-    these gave 49% and 42%; a larger share (0.8 of a CPU, so shorter
-    periods) had the kernel refuse more boosts and gave 9% and 12%. Both
-    kinds together, this one where the kernel gives it afresh and
-    SCHED_FIFO within its period (:class:`cosched.policy.watch.Bcs`),
-    answered 82-90% and gave 47-59% at either count
-    (``benchmarks/evidence/boost-fifo-between/``).
-
-    A boost must start afresh. The kernel keeps a thread's deadline budget
-    and deadline after it leaves SCHED_DEADLINE, and hands them back if it
-    re-enters before that deadline: a vCPU boosted again sooner starts
-    with what its last boost left, and once that runs out it is throttled
-    (not run at all, by any class) until the deadline; worse, a budget
-    that runs out while the thread holds the zero reservation it leaves
-    through (:mod:`cosched.actuators.sched`) is replenished at that
-    reservation's rate, which moves its deadline seconds away. So a vCPU
-    takes this boost again only once the period of its last one, counted
-    from that boost's start, has ended (:class:`cosched.policy.watch.Bcs`,
-    ``period_ns``): 8 ms for a 2 ms boost at half a CPU; nor before the
-    kernel has let go of its last boost
-    (:meth:`cosched.actuators.sched.SchedKnob.quiet_until`: a vCPU returned
-    straight, until its zero-lag time; where the kernel's clock cannot be
-    read, one returned only after its deadline, or restored by the daemon,
-    for the zero reservation's period, ``sched_deadline_period_max_us``,
-    4.2 s by default). Measured on a
-    process boosting itself next to two spinning ones
-    (``tests/kernel/test_sched.py``): re-boosted sooner, from the second or
-    third boost on each one stopped it, once for 4.2 s; re-boosted after
-    the period, every boost ran at full speed. Two boosted threads queued
-    on one CPU make the kernel push one to another CPU (deadline push),
-    which is how ``boost`` co-starts siblings CFS stacked together. A
-    deadline thread's affinity must span its root domain: a vCPU pinned to
-    a subset of CPUs is boosted with SCHED_FIFO instead, where allowed.
-    """
+    """The attributes of a watched deadline boost: ``boost_ms`` of runtime
+    plus :data:`BOOST_MARGIN_NS`, in a period that holds it to ``share`` of a
+    CPU (the kernel enforces it even if cosched stops answering). Why these
+    figures: ``docs/design/switcher.md`` (*The boost*)."""
     runtime = int(boost_ms * 1_000_000) + BOOST_MARGIN_NS
     period = int(runtime / share)
     return SchedAttr("deadline", runtime_ns=runtime, deadline_ns=period, period_ns=period)

@@ -6,66 +6,7 @@ each vCPU thread's ``/proc/PID/task/TID/schedstat``: cumulative nanoseconds
 ``sum_exec_runtime`` and ``run_delay``). A window is the time between two
 samples, of length ``dt``.
 
-Per vCPU and window
-    ``r = Δrun``, ``w = Δwait``, both exact totals. The kernel credits them
-    late, though: run time at the next tick (4 ms at HZ=250) or context
-    switch, wait time only when the wait ends. So a window can be credited
-    more than ``dt``; the excess is carried into the next windows (run first,
-    then wait, each window holding at most ``dt``). Totals over any run are
-    exact; only their placement in time is approximate, by at most one wait
-    or one tick.
-    A wait still in progress is not credited at all, so a vCPU left on a run
-    queue for seconds would look idle until the wait ends. The sampler
-    therefore also reads each thread's state (``/proc/.../stat``): a thread
-    runnable (``R``) at both ends of a window in which it got no CPU time
-    waited for the whole window. That wait is placed at once, as an
-    *advance* that the kernel's later credit pays off instead of placing it
-    again. The credit comes when the thread is switched in, before it runs,
-    so once it has run, an unpaid advance was no wait and is dropped.
-    ``idle = dt - r - w``: blocked or halted.
-
-Skew (``cosched_domain_skew_seconds``)
-    ``max_i lag_i - min_i lag_i`` with ``lag_i = w_i + costop_i``: how far the
-    most-delayed vCPU fell behind the least-delayed one in the window. Exact up
-    to the placement error above.
-
-Concurrency hazard (``..._concurrency_hazard_seconds_total``)
-    Time in the window when at least one vCPU ran while at least one sibling
-    waited. Samples give each vCPU's totals, not when in the window they
-    happened, so the estimate treats vCPUs as independent within one window,
-    with ``p_run = r/dt`` and ``p_wait = w/dt``::
-
-        hazard = dt * (1 - Π(1 - p_run) - Π(1 - p_wait) + Π(p_idle))
-
-    The true value lies between the Fréchet bounds ``max(0, R + W - dt)`` and
-    ``min(R, W)``, where ``R`` (``W``) is the time any vCPU ran (waited), itself
-    between ``max r_i`` and ``min(dt, Σ r_i)``. :func:`hazard_bounds` computes
-    them. The gap closes when a window holds a single state per vCPU, so the
-    error shrinks with shorter windows: windows where every vCPU only ran, only
-    waited or only idled are exact, and co-scheduled guests (all run, then all
-    wait) are measured almost exactly.
-
-    vCPUs queued on the *same* host CPU are not independent: one CPU runs one
-    thread at a time, so two busy siblings there alternate and one always
-    waits while the other runs (measured against kernel traces: 97% hazard,
-    where independence says 50%). The sampler reads each thread's CPU
-    (``/proc/.../stat``, field 39); siblings on the same CPU at both ends of
-    the window form a *group* whose members never run together. Within a
-    group, with ``q_j = p_idle_j / (1 - p_run_j)`` (idle, given not
-    running)::
-
-        P(none runs)  = 1 - Σ p_run
-        P(none waits) = Σ_i p_run_i Π_{j≠i} q_j + (1 - Σ p_run) Π q_j
-        P(all idle)   = (1 - Σ p_run) Π q_j
-
-    and groups are independent of each other. A group of one gives back the
-    formulas above.
-
-Partial contention (``..._partial_contention_seconds_total``)
-    Time when at least one vCPU waited while no sibling ran (the others were
-    blocked, idle or waiting too)::
-
-        partial = dt * (Π(1 - p_run) - Π(p_idle))
+How it works, with the measurements behind it: ``docs/design/estimate.md``.
 """
 from __future__ import annotations
 
