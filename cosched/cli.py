@@ -9,6 +9,7 @@ import argparse
 import json
 import logging
 import sys
+import threading
 import time
 
 from cosched import __version__, logs
@@ -53,7 +54,6 @@ def _load_config(path: str | None) -> Config:
 def cmd_daemon(args) -> int:
     from dataclasses import replace
 
-    from cosched.entry import STOP
     from cosched.wiring import build_daemon
 
     logs.setup(getattr(logging, args.log_level.upper()))
@@ -70,7 +70,7 @@ def cmd_daemon(args) -> int:
     config = replace(config, **overrides)
     try:
         return build_daemon(config, dry_run=args.dry_run, config_path=args.config, overrides=overrides,
-                            stop=STOP).run()
+                            stop=args.stop).run()
     except RuntimeError as e:
         print(f"cosched: {e}", file=sys.stderr)
         return 1
@@ -535,8 +535,11 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, stop: threading.Event | None = None) -> int:
+    """Run one command. ``stop``: the event the daemon's SIGTERM and SIGINT
+    set from the command's first lines (:mod:`cosched.entry`), if any."""
     args = parser().parse_args(argv)
+    args.stop = stop
     if args.func in (cmd_daemon, cmd_reset):
         _urgent()
     return args.func(args)

@@ -19,4 +19,4 @@ def main() -> int:
             signal.signal(sig, lambda *_: STOP.set())
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
     from cosched.cli import main as command
-    return command()
+    return command(stop=STOP)
