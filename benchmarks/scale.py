@@ -283,7 +283,8 @@ def _period(o: dict) -> str:
 
 def summary(res: dict) -> str:
     lines = ["# Scale benchmark", "", f"Host: {res['host']['cpus']} CPUs, kernel {res['host']['kernel']}.", "",
-             f"Command: `{res['command']}`", "", "## Observation", "",
+             f"Command: `{res['command']}`" + (f", at commit {res['commit']}." if res.get("commit") else ""), "",
+             "## Observation", "",
              f"One daemon watching synthetic guests of {res['config']['per_guest']} vCPUs (threads asleep but for "
              f"~20 µs every {SLEEP_MS} ms), sample_budget_pct {res['config'].get('sample_budget_pct') or 'default (2)'}, "
              f"every guest under `none`, for {res['config']['seconds']:g} s"
@@ -381,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="cosched-scale-"))
     res = {"host": {"cpus": len(os.sched_getaffinity(0)), "kernel": os.uname().release},
            "command": " ".join(["python -m benchmarks.scale", *sys.argv[1:]]),
+           "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                    text=True).stdout.strip() or None,
            "config": {"vcpus": args.vcpus, "per_guest": args.per_guest, "seconds": args.seconds,
                       "sizes": args.sizes, "cells": args.cells, "libvirt_guests": args.libvirt_guests,
                       "sample_budget_pct": args.sample_budget, "warmup_s": WARMUP_S, "observe": args.observe},
