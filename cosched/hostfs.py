@@ -249,7 +249,12 @@ def mount_point(fs: HostFS, fstype: str, option: str | None = None) -> str | Non
     """Where the first ``fstype`` mount is (with super option ``option``:
     a v1 cgroup hierarchy's controller, ``cpu`` or ``cpuset``); None when
     there is none, as for a v1 controller on a pure v2 host."""
-    return next((m for t, m, opts in mounts(fs) if t == fstype and (option is None or option in opts)), None)
+    return find_mount(mounts(fs), fstype, option)
+
+
+def find_mount(found: list[tuple[str, str, tuple[str, ...]]], fstype: str, option: str | None = None) -> str | None:
+    """:func:`mount_point` among mounts already read with :func:`mounts`."""
+    return next((m for t, m, opts in found if t == fstype and (option is None or option in opts)), None)
 
 
 def parse_cpu_list(text: str) -> tuple[int, ...]:

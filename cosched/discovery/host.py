@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 
-from cosched.hostfs import HostFS, mount_point, parse_cpu_list
+from cosched.hostfs import HostFS, find_mount, mounts, parse_cpu_list
 from cosched.model import Host
 
 _NODE = re.compile(r"node(\d+)$")
@@ -16,10 +16,14 @@ def cgroup_layout(fs: HostFS) -> tuple[str, str | None]:
     controllers plus a v2 tree (often /sys/fs/cgroup/unified). ``legacy``:
     no v2 tree at all.
     """
-    v2 = mount_point(fs, "cgroup2")
+    return _layout(mounts(fs))
+
+
+def _layout(found) -> tuple[str, str | None]:
+    v2 = find_mount(found, "cgroup2")
     if v2 is None:
         return "legacy", None
-    return ("hybrid" if mount_point(fs, "cgroup") else "unified"), v2
+    return ("hybrid" if find_mount(found, "cgroup") else "unified"), v2
 
 
 def read_host(fs: HostFS) -> Host:
@@ -38,8 +42,9 @@ def read_host(fs: HostFS) -> Host:
                 node_of[cpu] = int(m.group(1))
     for cpu in online:
         node_of.setdefault(cpu, 0)
-    mode, mount = cgroup_layout(fs)
-    cpu_mount = mount_point(fs, "cgroup", "cpu")
+    found = mounts(fs)                      # mountinfo read once per snapshot
+    mode, mount = _layout(found)
+    cpu_mount = find_mount(found, "cgroup", "cpu")
     rt_group = cpu_mount is not None and fs.exists(f"{cpu_mount}/cpu.rt_runtime_us")
     return Host(cpus=online, core_of=core_of, node_of=node_of, cgroup=mode, cgroup2_mount=mount,
-                cpu_v1_mount=cpu_mount, rt_group_sched=rt_group, cpuset_v1_mount=mount_point(fs, "cgroup", "cpuset"))
+                cpu_v1_mount=cpu_mount, rt_group_sched=rt_group, cpuset_v1_mount=find_mount(found, "cgroup", "cpuset"))
