@@ -81,8 +81,12 @@ class Plan:
     rejected: dict[str, str] = field(default_factory=dict)      # uuid -> reason
     left_alone: dict[str, str] = field(default_factory=dict)    # uuid -> why the platform's decisions leave it alone
     confined: dict[str, dict[int, tuple[int, ...]]] = field(default_factory=dict)  # uuid -> vCPU -> CPUs it may use
-    max_boosted: int = 0                 # watched vCPUs boosted at once, at most
     pool: tuple[int, ...] = ()           # the co-scheduling pool: host CPUs less reserved and held ones
+
+    @property
+    def max_boosted(self) -> int:
+        """Watched vCPUs boosted at once, at most: one per pool CPU."""
+        return len(self.pool)
 
     def cell_of(self, uuid: str) -> Cell | None:
         return next((c for c in self.cells if any(m.uuid == uuid for m in c.members)), None)
@@ -445,4 +449,4 @@ def plan(snapshot: Snapshot, cfg: PlanConfig) -> Plan:
              + _packed("partial", by_kind["partial"], host, pool, cfg, allowed, rejected))
     watched = _watched(by_kind[BOOST] + by_kind[RELAXED], host, pool, allowed, rejected)
     return Plan(tuple(_lone_relaxed(_rt_budgets(cells + watched, cfg))), rejected, left_alone,
-                {u: a for u, a in allowed.items() if a}, max_boosted=len(pool), pool=tuple(sorted(pool)))
+                {u: a for u, a in allowed.items() if a}, pool=tuple(sorted(pool)))
