@@ -54,6 +54,7 @@ from cosched.policy.params import ParamError
 from cosched.policy.presets import Presets
 
 NAMESPACE = "urn:cosched:libvirt:1"
+XML_PREFIX = "cosched"      # the namespace's prefix in domain XML (libvirt's metadata key)
 ELEMENT = f"{{{NAMESPACE}}}policy"
 MAX_XML_BYTES = 4 * 1024 * 1024
 

@@ -19,7 +19,6 @@ from cosched.control import request
 
 URGENT_NICE = -10
 NO_DAEMON, DENIED = 3, 4             # exit codes, as systemctl's "not running" and "permission denied"
-ANNOTATION_KEY = "cosched"           # the prefix libvirt gives the annotation's namespace (cosched.annotation.NAMESPACE)
 
 
 def _urgent() -> None:
@@ -374,7 +373,7 @@ def cmd_policy(args) -> int:
     a Proxmox VE guest's ``cosched-`` tag, its other tags kept."""
     import libvirt
 
-    from cosched.annotation import NAMESPACE, AnnotationError, domain_policy
+    from cosched.annotation import NAMESPACE, XML_PREFIX, AnnotationError, domain_policy
     from cosched.policy.params import ParamError
 
     config = _load_config(args.config)
@@ -408,7 +407,7 @@ def cmd_policy(args) -> int:
                 print(f"cosched policy: {args.domain}: invalid: {e}", file=sys.stderr)
                 return 1
         try:
-            dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, element, ANNOTATION_KEY if element else None,
+            dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, element, XML_PREFIX if element else None,
                             NAMESPACE, flags)
         except libvirt.libvirtError as e:
             print(f"cosched policy: {args.domain}: {e.get_error_message()}", file=sys.stderr)

@@ -40,7 +40,7 @@ import sys
 import threading
 import xml.etree.ElementTree as ET
 
-from cosched.annotation import ELEMENT, NAMESPACE
+from cosched.annotation import ELEMENT, NAMESPACE, XML_PREFIX
 
 log = logging.getLogger("cosched.kubevirt")
 
@@ -142,7 +142,7 @@ def annotate(domain_xml: bytes, vmi_json: bytes) -> bytes:
     name = (vmi.get("metadata") or {}).get("name", "?")
     if attrs is None:
         return domain_xml
-    ET.register_namespace("cosched", NAMESPACE)
+    ET.register_namespace(XML_PREFIX, NAMESPACE)
     root = ET.fromstring(domain_xml)
     metadata = root.find("metadata")
     if metadata is None:
