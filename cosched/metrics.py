@@ -191,7 +191,7 @@ class _Quiet(WSGIRequestHandler):
         pass
 
 
-def _with_health(metrics, collector: CoschedCollector):
+def _routes(metrics, collector: CoschedCollector):
     """``/healthz`` beside the metrics: 200 while the daemon's threads run and
     its sampler samples (what feeds systemd's watchdog), 503 otherwise; for
     a liveness probe that asks whether the daemon works, not whether it
@@ -224,7 +224,7 @@ def serve(collector: CoschedCollector, host: str, port: int):
     ProcessCollector(registry=registry)   # process_cpu_seconds_total: the daemon's own overhead
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     server_class = type("Server", (_Server,), {"address_family": family})
-    server = make_server(host.strip("[]"), port, _with_health(make_wsgi_app(registry), collector), server_class,
+    server = make_server(host.strip("[]"), port, _routes(make_wsgi_app(registry), collector), server_class,
                          handler_class=_Quiet)
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return server, registry
