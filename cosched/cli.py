@@ -360,11 +360,10 @@ def _pairs(words: list[str]) -> dict[str, str]:
     return out
 
 
-def _annotation(preset: str, pairs: list[str]) -> str:
-    """The annotation element for ``preset`` with ``key=value`` pairs (ValueError: a malformed pair)."""
+def _attributes(preset: str, pairs: list[str]) -> str:
+    """The annotation's attributes for ``preset`` with ``key=value`` pairs (ValueError: a malformed pair)."""
     from xml.sax.saxutils import quoteattr
-    attrs = [f"name={quoteattr(preset)}"] + [f"{k}={quoteattr(v)}" for k, v in _pairs(pairs).items()]
-    return f'<policy {" ".join(attrs)}/>'
+    return " ".join([f"name={quoteattr(preset)}"] + [f"{k}={quoteattr(v)}" for k, v in _pairs(pairs).items()])
 
 
 def cmd_policy(args) -> int:
@@ -399,10 +398,10 @@ def cmd_policy(args) -> int:
         element = None
         if args.preset:
             try:
-                element = _annotation(args.preset, args.params)
-                domain_policy(f'<domain><metadata><cosched:policy xmlns:cosched="{NAMESPACE}" '
-                              f'{element[len("<policy "):-2]}/></metadata></domain>', _presets(config),
-                              config.default_policy, config.flavor_policies)
+                attrs = _attributes(args.preset, args.params)
+                element = f"<policy {attrs}/>"
+                domain_policy(f'<domain><metadata><{XML_PREFIX}:policy xmlns:{XML_PREFIX}="{NAMESPACE}" {attrs}/>'
+                              "</metadata></domain>", _presets(config), config.default_policy, config.flavor_policies)
             except (ValueError, AnnotationError, ParamError) as e:
                 print(f"cosched policy: {args.domain}: invalid: {e}", file=sys.stderr)
                 return 1

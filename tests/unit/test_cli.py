@@ -220,10 +220,10 @@ def test_status_of_one_guest(tmp_path, capsys):
 
 
 def test_an_annotation_is_checked_before_it_is_written():
-    from cosched.cli import _annotation
-    assert _annotation("gang", ["quantum-ms=20"]) == '<policy name="gang" quantum-ms="20"/>'
+    from cosched.cli import _attributes
+    assert _attributes("gang", ["quantum-ms=20"]) == 'name="gang" quantum-ms="20"'
     with pytest.raises(ValueError):
-        _annotation("gang", ["quantum-ms"])
+        _attributes("gang", ["quantum-ms"])
 
 
 def test_a_proxmox_guest_s_policy_is_its_cosched_tag_and_the_other_tags_stay(tmp_path, capsys):
