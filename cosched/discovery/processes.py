@@ -49,17 +49,24 @@ LIBVIRT_RUN = "/run/libvirt/qemu"
 _TAG_SPLIT = re.compile(r"[;,\s]+")
 
 
+def _section_end(lines: list[str]) -> int:
+    """Where a Proxmox VE guest configuration's current section ends
+    (snapshots follow in ``[name]`` sections and are not the running guest)."""
+    return next((i for i, line in enumerate(lines) if line.startswith("[")), len(lines))
+
+
+def _field_at(lines: list[str], name: str) -> int | None:
+    """The line of ``name:`` in the current section, None when it has none."""
+    return next((i for i in range(_section_end(lines))
+                 if (part := lines[i].partition(":"))[1] and part[0].strip() == name), None)
+
+
 def pve_field(text: str, name: str) -> str | None:
     """The value of ``name:`` in a Proxmox VE guest configuration's current
-    section (snapshots follow in ``[name]`` sections and are not the running
-    guest), None when it has none."""
-    for line in text.splitlines():
-        if line.startswith("["):
-            break
-        key, sep, value = line.partition(":")
-        if sep and key.strip() == name:
-            return value.strip()
-    return None
+    section, None when it has none."""
+    lines = text.splitlines()
+    at = _field_at(lines, name)
+    return None if at is None else lines[at].partition(":")[2].strip()
 
 
 def pve_tags(text: str) -> tuple[str, ...]:
@@ -72,8 +79,7 @@ def with_tag(text: str, tag: str | None) -> str:
     by ``tag`` (None: removed) and every other tag kept, in its current
     section (snapshots, in ``[name]`` sections, are left as they are)."""
     lines = text.splitlines(keepends=True)
-    end = next((i for i, line in enumerate(lines) if line.startswith("[")), len(lines))
-    at = next((i for i in range(end) if lines[i].partition(":")[0].strip() == "tags" and ":" in lines[i]), None)
+    end, at = _section_end(lines), _field_at(lines, "tags")
     kept = [t for t in pve_tags(text) if not t.lower().startswith(TAG_PREFIX)] + ([tag] if tag else [])
     line = f"tags: {';'.join(kept)}\n" if kept else ""
     if at is not None:
