@@ -271,11 +271,12 @@ def throughput(results: list[dict[str, int]], since_ms: int = 0) -> float:
 
 def cgroup_mounts() -> tuple[str, str | None]:
     """(cgroup v2 mount, v1 cpu controller mount or None) of this host."""
-    from cosched.hostfs import HostFS, mount_point
-    v2 = mount_point(HostFS("/"), "cgroup2")
+    from cosched.hostfs import HostFS, find_mount, mounts
+    found = mounts(HostFS("/"))
+    v2 = find_mount(found, "cgroup2")
     if v2 is None:
         raise RuntimeError("no cgroup2 mount in /proc/self/mountinfo")
-    return v2, mount_point(HostFS("/"), "cgroup", "cpu")
+    return v2, find_mount(found, "cgroup", "cpu")
 
 
 def qemu_pid(name: str) -> int:
