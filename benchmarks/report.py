@@ -132,7 +132,7 @@ def summary(res: dict, agg: dict | None = None) -> str:
         f"Host: {h['cpus']} CPUs ({h.get('cpu_model', '?')}), kernel {h['kernel']}, guests as domain type "
         f"`{h['domain_type']}` ({'TCG' if h['domain_type'] == 'qemu' else 'KVM'}). "
         f"{c['vcpus']} vCPUs per guest, {c['seconds']:g} s per run, {c['reps']} repetition(s) of every mode.", "",
-        f"Command: `{res['command']}`", "",
+        f"Command: `{res['command']}`" + (f", at commit {res['commit']}." if res.get("commit") else ""), "",
         *([f"**Incomplete:** the suite stopped after {len(res['runs'])} of {res.get('planned', '?')} runs; "
            "the tables hold those.", ""] if res.get("complete") is False else []),
         *([f"Measured in {len(res['sittings'])} sittings ({', '.join(map(str, res['sittings']))}): the suite "

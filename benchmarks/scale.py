@@ -62,6 +62,7 @@ from pathlib import Path
 
 import psutil
 
+from benchmarks import commit
 from cosched.actuators.sched import SchedAttr
 from cosched.engine import protocol as pr
 from cosched.sampler.meter import programs_run_time, run_time_stats
@@ -382,8 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="cosched-scale-"))
     res = {"host": {"cpus": len(os.sched_getaffinity(0)), "kernel": os.uname().release},
            "command": " ".join(["python -m benchmarks.scale", *sys.argv[1:]]),
-           "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                    text=True).stdout.strip() or None,
+           "commit": commit(),
            "config": {"vcpus": args.vcpus, "per_guest": args.per_guest, "seconds": args.seconds,
                       "sizes": args.sizes, "cells": args.cells, "libvirt_guests": args.libvirt_guests,
                       "sample_budget_pct": args.sample_budget, "warmup_s": WARMUP_S, "observe": args.observe},

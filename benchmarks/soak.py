@@ -37,6 +37,8 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks import commit
+
 
 def parts(args) -> list[tuple[str, list[str], dict]]:
     return [
@@ -91,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or Path("benchmarks/results") / time.strftime("soak-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     figures_file = (out / "figures.json").resolve()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    at = commit()
     command = " ".join(["python -m benchmarks.soak", *(argv if argv is not None else sys.argv[1:])])
     chosen = [p for p in parts(args) if p[0] in args.parts.split(",")]
     earlier = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else None
@@ -112,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
                                     stderr=subprocess.STDOUT,
                                     env={**os.environ, **env, "COSCHED_SOAK_OUT": str(figures_file),
                                          "COSCHED_SOAK_PART": name}).returncode
-        res["runs"].append((name, files, status, commit or "unknown"))
+        res["runs"].append((name, files, status, at or "unknown"))
         print(f"soak: {name} exit {status}", flush=True)
     res["minutes"] += (time.monotonic() - t0) / 60
     (out / "results.json").write_text(json.dumps(res, indent=1))

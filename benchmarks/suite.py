@@ -98,7 +98,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks import report
+from benchmarks import commit, report
 from benchmarks.stats import (RUNNABLE, RUNNING, SLEEPING, episode_figures, frozen_at, hazard_episodes,
                               hist_delta, reconstructed, states_at, timelines, trace_figures, window_skews)
 from benchmarks.trace import SchedTrace
@@ -533,6 +533,9 @@ class Record:
         units (``sizes``: unit -> runs it takes); the others' runs are moved
         to ``superseded``."""
         res = json.loads(path.read_text())
+        if res.get("commit") != commit():
+            raise SystemExit(f"{path}: the suite began at commit {res.get('commit')}, this checkout is at "
+                             f"{commit()}: resume it from a checkout of that commit")
         rec = cls(path, {k: v for k, v in res.items() if k not in ("complete", "ideal", "runs")})
         count: dict[str, int] = {}
         for r in res["runs"]:
@@ -805,7 +808,7 @@ def run(args, out: Path, resume: bool = False) -> dict:
                    "retries": args.retries, "min_coverage": MIN_COVERAGE, "report_ms": REPORT_MS,
                    "mixed": list(args.mixed), "phases_seconds": args.phases, "steady_seconds": args.steady,
                    "auto_settle": AUTO_SETTLE, "meter": args.meter},
-        "command": " ".join(["python -m benchmarks.suite", *sys.argv[1:]]),
+        "command": " ".join(["python -m benchmarks.suite", *sys.argv[1:]]), "commit": commit(),
         "started": time.strftime("%Y-%m-%d %H:%M:%S"), "planned": progress.total})
     return _run(args, img, counts, runs, progress)
 

@@ -291,6 +291,7 @@ def test_the_results_file_holds_every_finished_run_of_an_interrupted_suite(tmp_p
 def test_a_resumed_suite_keeps_finished_units_and_measures_a_half_done_one_again(tmp_path, capsys):
     import json
     from benchmarks.report import summary
+    from benchmarks import commit
     from benchmarks.suite import Record, main, units
     from types import SimpleNamespace
     args = SimpleNamespace(workloads=["barrier", "lu"], guests=[2], modes=["cfs"], reps=1, mixed=[], phases=0,
@@ -300,7 +301,7 @@ def test_a_resumed_suite_keeps_finished_units_and_measures_a_half_done_one_again
     assert units(SimpleNamespace(**{**vars(args), "steady": 60})) == {**sizes, "steady barrier x2": 1,
                                                                       "steady lu x2": 1}
     path = tmp_path / "results.json"
-    head = {"host": {"cpus": 2, "kernel": "k", "domain_type": "qemu"}, "started": "day 1",
+    head = {"host": {"cpus": 2, "kernel": "k", "domain_type": "qemu"}, "started": "day 1", "commit": commit(),
             "command": "python -m benchmarks.suite --guests 2 --workloads barrier,lu --modes cfs --reps 1",
             "config": {"guests": [2], "vcpus": 2, "workloads": ["barrier", "lu"], "modes": ["cfs"], "seconds": 5.0,
                        "reps": 1, "mixed": [], "phases_seconds": 0}, "planned": 4}
@@ -323,6 +324,9 @@ def test_a_resumed_suite_keeps_finished_units_and_measures_a_half_done_one_again
     with pytest.raises(SystemExit):                # nothing to resume in a finished suite
         main(["--resume", str(tmp_path)])
     assert "holds a finished suite" in capsys.readouterr().err
+    Record(path, {**head, "commit": "0000000"}).append(run("barrier", "alone", 100.0))
+    with pytest.raises(SystemExit, match="began at commit 0000000"):   # another commit's suite
+        Record.resume(path, sizes)
 
 
 def test_no_mode_is_always_measured_last():
