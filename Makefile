@@ -152,7 +152,7 @@ deb:
 	@missing=$(call missing,$(DEB_PACKAGES)); \
 	if [ -n "$$missing" ]; then apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; fi
 	rm -rf build/deb && mkdir -p build/deb/cosched dist
-	tar -c --exclude=./.git --exclude=./.venv --exclude=./build --exclude=./dist --exclude=./benchmarks/evidence \
+	tar -c --exclude=./.git --exclude=./.venv --exclude=./build --exclude=./dist \
 	    --exclude='*.bpf.o' --exclude=__pycache__ --exclude='*.egg-info' . | tar -x -C build/deb/cosched
 	$(MAKE) -s rules RULES_DIR=build/deb/cosched/deploy/prometheus
 	cd build/deb/cosched && env PATH=/usr/sbin:/usr/bin:/sbin:/bin dpkg-buildpackage -us -uc -b   # Debian's Python, not any other on PATH

@@ -280,7 +280,7 @@ def episode_figures(episodes: list[tuple[float, float | None]], react_s: float =
     ended would drop out, leaving only the boosts that failed (measured: a
     boost of every waiting vCPU at first sight left 8 episodes over 1 ms of
     10,288 boosts, 12% of them boosted in time;
-    ``benchmarks/evidence/boost-reaction-fifo/``)."""
+    ``docs/decisions/0011-fifo-boosts-within-a-deadline-period.md``)."""
     def q(xs, f):
         return 1000 * nearest_rank(xs, f) if xs else None
     due = [(d, r) for d, r in episodes if d > react_s or (r is not None and r <= react_s)]

@@ -631,7 +631,7 @@ def in_turn(modes: list[str], rep: int) -> list[str]:
     minute, and a mode always measured last (after the others and their
     settling) paid for it: ``auto`` ran gang's very plan at 0.43-0.75x gang
     as the last mode of a repetition and 1.03-1.28x when measured first
-    (``benchmarks/evidence/auto-gang-order/``). Over each pair of
+    (``docs/decisions/0018-suite-run-length-and-mode-order.md``). Over each pair of
     repetitions every mode has the same mean position."""
     return list(reversed(modes)) if rep % 2 else list(modes)
 

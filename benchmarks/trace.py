@@ -110,7 +110,7 @@ def parse(text: str, tids: set[int], cgroups: dict[int, str] | None = None) -> l
     sleeps 5 ms at a time), and now and then one from a busy task (a vCPU
     waiting 0.6 s was switched in by a host task with no ``sched_switch``,
     while the kernel billed it, and cosched counted it, as waiting:
-    ``benchmarks/evidence/trace-run-check/``). Every line names the task
+    ``docs/decisions/0016-trace-switch-ins-from-runtime-ticks.md``). Every line names the task
     current on its CPU, though, so a thread seen current without a
     switch-in was switched in unseen. When that line is the thread's own
     ``sched_stat_runtime``, its ``runtime`` is the time since it was

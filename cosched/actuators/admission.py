@@ -3,7 +3,9 @@
 The kernel adds the bandwidth of every SCHED_DEADLINE thread to its root
 domain's admission total (``dl_bw->total_bw``) and refuses (EBUSY) a
 request that would take the total past the cap (95% of the CPUs by
-default). Two things make that total wrong on a host where cosched boosts:
+default). On a host where cosched boosts, that total can be wrong, and then
+every deadline request on the host is refused; this knob sees it and has the
+kernel count the total again.
 
 How it works, with the measurements behind it: ``docs/design/admission.md``.
 """

@@ -276,7 +276,7 @@ class SchedKnob:
         through a descriptor kept open until :meth:`forget`: the switcher
         reads both around every deadline boost, and a ``pread`` of an open
         file took half the time of opening it by path (1.5 and 2.7 us
-        against 3.2 and 4.4 here: ``benchmarks/evidence/sched-kept-files/``).
+        against 3.2 and 4.4 here: ``docs/decisions/0014-host-reads-without-file-objects.md``).
         None once the thread is gone (the kernel answers ESRCH through a
         descriptor of an exited thread, which is then closed)."""
         files = self._files.get(tid)

@@ -79,7 +79,7 @@ def fifo_budget_ns(m: pr.MemberPlan) -> int | None:
     past which the kernel throttles it: a sampler of the kernel's RT run
     queues, every 0.1 s, found a vCPU group throttled in 31 samples of a
     run of every workload without this bound, in none of two runs with it
-    (``benchmarks/evidence/boost-fifo-between/``). No bound elsewhere."""
+    (``docs/decisions/0011-fifo-boosts-within-a-deadline-period.md``). No bound elsewhere."""
     return int(m.rt_vcpu_us * 1000 * FIFO_BUDGET_SHARE) if rt_granted(m) else None
 
 
@@ -593,7 +593,7 @@ class Switcher:
             # In the rules' order, also where a deadline boost of a vCPU queued on the switcher's own CPU
             # preempts it (SCHED_DEADLINE is above its SCHED_FIFO) and so delays the boosts after it:
             # applying those last served barrier and pingpong guests worse and cost more CPU (the
-            # switcher, no longer held off, looked more often; benchmarks/evidence/boost-own-cpu-last/).
+            # switcher, no longer held off, looked more often; docs/decisions/0011-fifo-boosts-within-a-deadline-period.md).
             for i in acts.boost:
                 if self._boost_watched(w, i, i in acts.fifo):
                     room -= 1

@@ -24,7 +24,7 @@ Kinds and their parameters:
     sibling is raised above ordinary tasks until it has run, for at most
     ``boost-ms`` (1-100, default 2); the same vCPU is then not boosted again
     for ``pause-ms`` (0-100, default 0: from the next look on; measured in
-    ``benchmarks/evidence/boost-pause/``). A boost is SCHED_DEADLINE once
+    ``docs/decisions/0008-boost-no-pause-between-boosts.md``). A boost is SCHED_DEADLINE once
     the kernel has let go of the vCPU's last one's budget (the period of
     its reservation, from the boost's start:
     :func:`cosched.engine.switcher.boost_attr`), SCHED_FIFO before.

@@ -295,7 +295,7 @@ def _balanced(n: int, slots: list[int], index_on: dict[tuple[int, int], int]) ->
     guest kernel ran its one busy thread on vCPU 0 every time): handed out in
     order, 2-vCPU guests on 2 CPUs all had vCPU 0 on the same CPU, and two
     such guests ran at 0.48x the host scheduler
-    (``benchmarks/evidence/lopsided-pinned-apart/``)."""
+    (``docs/decisions/0013-relaxed-paced-and-rotated.md``)."""
     def collisions(r: int) -> tuple[int, int]:
         return sum(index_on.get((j, slots[(r + j) % n]), 0) for j in range(n)), r
     r = min(range(n), key=collisions)

@@ -4,7 +4,7 @@ per-vCPU run/wait and per-domain hazard, partial contention and skew.
 Its cost grows with the vCPUs it reads (two ``pread`` and some arithmetic
 each, about 15 µs per vCPU and pass on the idle development host, 80-100
 µs with four busy 2-vCPU guests on its two CPUs, where the period then
-stretched to 45-84 ms: ``benchmarks/evidence/relaxed-skew-4-guests/``), so the daemon
+stretched to 45-84 ms: ``docs/decisions/0015-in-kernel-meter-against-the-trace.md``), so the daemon
 keeps its observation within a CPU budget (``sample_budget_pct`` of one
 CPU): the rest of the daemon (resyncs, the main loop, ``/metrics`` scrapes;
 not the switcher process) is measured and comes off the budget first, down

@@ -19,12 +19,12 @@ clean-checkout run found 5.2 points under the host scheduler, a later one
 8.2 (a guest whose vCPUs waited behind each other 99% of the time by the
 trace, 91% by the estimate, next to a guest the host scheduler starved),
 and earlier runs once 0.95 ms of skew
-(``benchmarks/evidence/truth-test-margin/``).
+(``docs/decisions/0003-metric-truth-bounds-per-source.md``).
 
 The daemon here may spend a quarter of a CPU on sampling, so its period stays
 at the 10 ms interval. With the default 2% and six busy vCPUs on two CPUs the
 period stretches to 45-84 ms and varies within a run
-(``benchmarks/evidence/relaxed-skew-4-guests/``); the trace's windows, all as
+(``docs/decisions/0015-in-kernel-meter-against-the-trace.md``); the trace's windows, all as
 long as the mean period, then differ from cosched's, and window skews reach
 30 ms, so 1 ms is no longer a measure of the estimate (it once failed by 0.13
 ms there). The test checks the period it judges at.

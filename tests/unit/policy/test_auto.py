@@ -29,7 +29,8 @@ def blocking(rng=None):
 def pingpong(held=0.0):
     """Two vCPUs handing a message back and forth: each idles while the other
     works or waits for a CPU (kernel traces of four guests on two CPUs,
-    ``benchmarks/evidence/full-run-6c4d807``: per vCPU under the host scheduler
+    the full run of commit 6c4d807, in the tree of commit 6f2d54a under
+    ``benchmarks/evidence/full-run-6c4d807/``: per vCPU under the host scheduler
     run 24%, wait 67%, idle 9%; under gang run 18%, co-stopped 74%, idle 6%: a
     quarter of its active time idle either way)."""
     if held:
@@ -84,7 +85,7 @@ def test_signals_do_not_depend_on_the_mode():
 
 def test_sleepers_that_wait_more_under_boost_keep_their_mode():
     """Four sleeping guests on two CPUs moved between boost and gang 17
-    times in 90 s (benchmarks/evidence/auto-idleness/) when idleness was
+    times in 90 s (docs/decisions/0004-auto-idleness-of-active-time.md) when idleness was
     counted over all their time: 64-66% under the host scheduler, 44-51%
     under boost, where gang then scored best, 65-73% under gang, where
     boost did. Each window's evidence here is a sleeper's in the mode of
