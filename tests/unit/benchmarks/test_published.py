@@ -1,9 +1,11 @@
 """Published tables are generated, never copied by hand: every table in a
 section of ``benchmarks/README.md`` that publishes a kept run is one the
-report draws from that run's ``results.json`` now."""
+report draws from that run's ``results.json`` now. A section names its run
+by the first ``benchmarks/results/<date>-<commit>/`` it mentions."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -23,18 +25,27 @@ def tables(text: str) -> list[str]:
     return out
 
 
-def section(title: str, following: str) -> str:
+def section(title: str, following: str | None) -> str:
     text = README.read_text()
-    return text[text.index(f"\n## {title}\n"):text.index(f"\n## {following}\n")]
+    return text[text.index(f"\n## {title}\n"):text.index(f"\n## {following}\n") if following else None]
+
+
+def kept(body: str) -> Path:
+    """The run a section publishes: the first kept folder it names."""
+    found = re.search(r"benchmarks/results/(\d{4}-\d\d-\d\d-[0-9a-f]{7,})/", body)
+    assert found, "the section names no kept run (benchmarks/results/<date>-<commit>/)"
+    return REPO / "benchmarks" / "results" / found.group(1)
 
 
 def test_the_full_runs_tables_are_what_the_report_draws_from_its_results():
     from benchmarks.report import summary
-    drawn = set(tables(summary(json.loads((REPO / "benchmarks/latest/results.json").read_text()))))
-    published = tables(section("Latest full run", "Scale"))
+    body = section("Latest full run", "Scale")
+    run = kept(body)
+    drawn = set(tables(summary(json.loads((run / "results.json").read_text()))))
+    published = tables(body)
     assert len(published) >= 10
     stale = [t.split("\n")[0] for t in published if t not in drawn]
-    assert not stale, f"tables the report no longer draws from benchmarks/latest/results.json: {stale}"
+    assert not stale, f"tables the report no longer draws from {run}/results.json: {stale}"
 
 
 def _scale(kept: Path) -> str:
@@ -47,16 +58,16 @@ def _soak(kept: Path) -> str:
     return summary(json.loads((kept / "results.json").read_text()), json.loads((kept / "figures.json").read_text()))
 
 
-@pytest.mark.parametrize("kept, draw, title, following", [
-    ("scale-latest", _scale, "Scale", "Fault suite"),
-    ("soak-latest", _soak, "Fault suite", None),
+@pytest.mark.parametrize("draw, title, following", [
+    (_scale, "Scale", "Fault suite"),
+    (_soak, "Fault suite", None),
 ])
-def test_the_scale_and_fault_suite_tables_are_what_their_tools_draw(kept, draw, title, following):
-    text = README.read_text()
-    body = text[text.index(f"\n## {title}\n"):text.index(f"\n## {following}\n") if following else None]
+def test_the_scale_and_fault_suite_tables_are_what_their_tools_draw(draw, title, following):
+    body = section(title, following)
+    run = kept(body)
     published = tables(body)
-    drawn = tables(draw(REPO / "benchmarks" / kept))
-    assert drawn == tables((REPO / "benchmarks" / kept / "summary.md").read_text()), \
-        f"benchmarks/{kept}/summary.md is not what its tool draws from its results"
+    drawn = tables(draw(run))
+    assert drawn == tables((run / "summary.md").read_text()), \
+        f"{run}/summary.md is not what its tool draws from its results"
     stale = [t.split("\n")[0] for t in published if t not in drawn]
-    assert published and not stale, f"tables not drawn from benchmarks/{kept}: {stale}"
+    assert published and not stale, f"tables not drawn from {run}: {stale}"
