@@ -64,7 +64,7 @@ import psutil
 
 from benchmarks import commit
 from cosched.actuators.sched import SchedAttr
-from cosched.engine import protocol as pr
+from cosched.switcher import protocol as pr
 from cosched.sampler.meter import programs_run_time, run_time_stats
 from testbed import guests, image, services, synthetic
 from testbed.daemon import DaemonProcess
@@ -154,7 +154,7 @@ def run_switcher(cells: list[tuple[str, list[synthetic.SyntheticGuest]]], second
     """The real switcher process on one plan for ``seconds``: its exact latency and lateness samples."""
     plan = pr.Plan(seq=1, max_stall_ms=500, rt_top_us=None,
                    cells=tuple(pr.CellPlan(cid, "freeze", tuple(_member(g, 50) for g in gs)) for cid, gs in cells))
-    proc = subprocess.Popen([sys.executable, "-m", "cosched.engine.switcher"], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "cosched.switcher"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True, bufsize=1)
     latency, lateness, switches, realtime = [], [], 0, None
     try:

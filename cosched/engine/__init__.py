@@ -39,7 +39,7 @@ from cosched.actuators import knobs
 from cosched.actuators.affinity import AffinityKnob
 from cosched.actuators.rt_runtime import read_runtime
 from cosched.actuators.sched import SchedAttr, SchedKnob, thread_start
-from cosched.engine import protocol as pr
+from cosched.switcher import protocol as pr
 from cosched.histogram import Histogram
 from cosched.hostfs import HostFS
 from cosched.kernel import parse_schedstat
@@ -84,9 +84,9 @@ def stall_limit(max_stall_ms: int) -> float:
 
 
 def spawn_switcher(env: dict) -> subprocess.Popen:
-    """The real switcher: its own process (see :mod:`cosched.engine.switcher`),
+    """The real switcher: its own process (see :mod:`cosched.switcher`),
     given the meter's long-wait descriptors ``env`` names."""
-    return subprocess.Popen([sys.executable, "-m", "cosched.engine.switcher"], stdin=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "cosched.switcher"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True, env=env, bufsize=1, pass_fds=LongWaits.fds_in(env))
 
 

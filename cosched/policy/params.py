@@ -27,7 +27,7 @@ Kinds and their parameters:
     ``docs/decisions/0008-boost-no-pause-between-boosts.md``). A boost is SCHED_DEADLINE once
     the kernel has let go of the vCPU's last one's budget (the period of
     its reservation, from the boost's start:
-    :func:`cosched.engine.switcher.boost_attr`), SCHED_FIFO before.
+    :func:`cosched.switcher.boosts.boost_attr`), SCHED_FIFO before.
     ``window-ms``, ``priority`` and
     ``weight`` belonged to an earlier, rotating ``boost``; they are still
     accepted (so existing annotations stay valid) and have no effect.

@@ -171,7 +171,8 @@ def test_returning_a_deadline_thread_leaves_no_bandwidth_behind(tmp_path):
     import re
     import subprocess
     from cosched.actuators.freezer import Freezer
-    from cosched.engine.switcher import STILL_WAIT_S, boost_attr, boost_share
+    from cosched.switcher.boosts import boost_attr, boost_share
+    from cosched.switcher.timing import STILL_WAIT_S
     from cosched.kernel import parse_dl, parse_stat
     from testbed import synthetic
     from testbed.guests import cgroup_mounts
@@ -221,7 +222,7 @@ def test_returning_a_deadline_thread_leaves_no_bandwidth_behind(tmp_path):
                 knob.set = put
                 trail.append((now, dl and dl[0], dl and knob._ahead(dl[1]), made))
                 time.sleep(boost.period_ns / 1e9)          # a fresh boost each time, as boost does
-            # the switcher takes such a boost back at once (Switcher._boost_watched): a few are allowed
+            # the switcher takes such a boost back at once (Watching._boost): a few are allowed
             assert len(stale) <= n // 10, f"boosts that found no budget (boost, budget, ns ahead, the return before): {stale}"
             return asleep
         light, busy = start("sleep"), start("spin")
@@ -257,7 +258,7 @@ def test_returning_a_deadline_thread_leaves_no_bandwidth_behind(tmp_path):
 BOOSTED_SELF = """
 import json, os, sys, threading, time
 from cosched.actuators.sched import SchedKnob, get_attr
-from cosched.engine.switcher import boost_attr, fresh_ns
+from cosched.switcher.boosts import boost_attr, fresh_ns
 from cosched.hostfs import HostFS
 share = float(sys.argv[1])
 knob, me = SchedKnob(HostFS("/")), os.getpid()
@@ -292,7 +293,7 @@ def test_a_vcpu_boosted_again_and_again_runs_in_every_boost():
     import json
     import subprocess
     import sys
-    from cosched.engine.switcher import boost_share
+    from cosched.switcher.boosts import boost_share
     share = boost_share(HostFS("/"))
     spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
     try:

@@ -168,7 +168,7 @@ class FakeSched:
 
 
 class ThreadSwitcher:
-    """The real switch loop (``cosched.engine.switcher.serve``) in a thread of
+    """The real switch loop (``cosched.switcher.loop.serve``) in a thread of
     the test process, over pipes, shaped like the ``subprocess.Popen`` the
     engine normally gets: an Engine ``switcher_factory``."""
 
@@ -176,7 +176,8 @@ class ThreadSwitcher:
         import io
         import threading
 
-        from cosched.engine.switcher import Switcher, serve
+        from cosched.switcher.loop import serve
+        from cosched.switcher.switcher import Switcher
         down_r, down_w = os.pipe()
         up_r, up_w = os.pipe()
         self.stdin = io.TextIOWrapper(os.fdopen(down_w, "wb"), write_through=True)

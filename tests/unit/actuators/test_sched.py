@@ -193,7 +193,7 @@ def test_the_kernel_clock_is_not_known_where_no_thread_can_start(fs, monkeypatch
 
 
 def test_each_boost_holds_what_admission_allows_per_cpu_up_to_half(fake, fs):
-    from cosched.engine.switcher import MAX_SHARE, boost_share
+    from cosched.switcher.boosts import MAX_SHARE, boost_share
     assert boost_share(fs) == MAX_SHARE                                # 95% by default, less the fair server
     fake.write("/proc/sys/kernel/sched_rt_runtime_us", "300000\n")
     fake.write("/proc/sys/kernel/sched_rt_period_us", "1000000\n")

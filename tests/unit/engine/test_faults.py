@@ -25,14 +25,13 @@ import pytest
 from tests.support.fakehost import CgroupEventsFS, FakeAffinity, FakeSched, ThreadSwitcher
 from tests.support.soak import record
 from tests.unit.engine.test_engine import GANG, UUIDS, freeze_file, snapshot
-from tests.unit.engine.test_switcher import CPU, Clock, gang, member, tree
+from tests.unit.switcher.test_switcher import CPU, Clock, gang, member, tree
 
 from cosched.actuators import journal as jr
 from cosched.actuators.journal import Journal
 from cosched.actuators.sched import SchedAttr
 from cosched.engine import Engine
-from cosched.engine.switcher import Switcher
-
+from cosched.switcher.switcher import Switcher
 FAULTS = {"EBUSY": errno.EBUSY, "ENOENT": errno.ENOENT, "EPERM": errno.EPERM, "EINVAL": errno.EINVAL,
           "ignored": None}
 KNOBS = ("freeze", "rt", "sched", "affinity")

@@ -8,9 +8,10 @@ from dataclasses import replace
 from tests.support.fakehost import CgroupEventsFS as FreezerFS, FakeSched
 
 from cosched.actuators.sched import SchedAttr, zero_bandwidth
-from cosched.engine import protocol as pr
-from cosched.engine.switcher import WATCH_POLL_NS as POLL, Switcher, serve
-
+from cosched.switcher import protocol as pr
+from cosched.switcher.loop import serve
+from cosched.switcher.switcher import Switcher
+from cosched.switcher.timing import WATCH_POLL_NS as POLL
 CG2 = "/sys/fs/cgroup/unified"
 CPU = "/sys/fs/cgroup/cpu"
 MS = 1_000_000
@@ -260,7 +261,7 @@ def watched(mode, *members, max_boosted=2):
 
 
 def test_bcs_boosts_with_sched_deadline_and_returns_to_the_recorded_attributes(tmp_path):
-    from cosched.engine.switcher import boost_attr
+    from cosched.switcher.boosts import boost_attr
     fs, clock, sched = tree(tmp_path), Clock(), FakeSched()
     procs = Procs(fs, (100, 101))
     batch = SchedAttr("batch", nice=3)
@@ -365,7 +366,7 @@ def test_a_vcpu_returned_from_a_late_boost_is_not_boosted_for_the_zero_reservati
     give it a deadline that far away: that vCPU is not boosted again before
     the zero reservation's period is over. Nor is one the daemon restored
     lately (``VcpuPlan.quiet_until``), whatever the new switcher knows."""
-    from cosched.engine.switcher import boost_attr
+    from cosched.switcher.boosts import boost_attr
     fs, clock, sched = tree(tmp_path), Clock(), FakeSched()
     fs.write("/proc/sys/kernel/sched_deadline_period_max_us", "100000")     # 100 ms
     zero = zero_bandwidth(fs)
@@ -388,7 +389,7 @@ def test_a_vcpu_returned_from_a_late_boost_is_not_boosted_for_the_zero_reservati
     step()
     step()
     assert sched.attrs[101].policy == "deadline"
-    clock.now += boost_attr(2, sw.share).deadline_ns   # held up: boost-ms and the deadline are over
+    clock.now += boost_attr(2, sw.watching.share).deadline_ns   # held up: boost-ms and the deadline are over
     procs.runs(100)
     sw.tick()
     assert (101, zero) in sched.calls[-4:] and sched.calls[-1] == (101, SchedAttr())
@@ -422,7 +423,7 @@ def test_long_waits_left_for_want_of_room_are_counted(tmp_path):
 def test_bcs_sees_a_vcpu_running_between_ticks_as_running(tmp_path):
     """Run time grows only at a tick or switch-out: a vCPU on its CPU for a
     while shows no change, as a queued one; the switch counts tell them apart."""
-    from cosched.engine.switcher import boost_attr
+    from cosched.switcher.boosts import boost_attr
     fs, clock, sched = tree(tmp_path), Clock(), FakeSched()
     procs = Procs(fs, (100, 101))
     sw = Switcher(fs, 500 * MS, sched=sched.knob(fs, clock), clock=clock)
@@ -493,7 +494,8 @@ def test_a_wait_the_meter_reports_long_gets_a_calm_guest_looked_at_and_boosted_a
     its threads are reported while it is that calm; the meter's report of a
     long wait has it looked at now, and the wait boosted at that first look.
     Looked at every poll, or unwatched, its threads are not reported."""
-    from cosched.engine.switcher import LONG_WAIT_NS, boost_attr
+    from cosched.switcher.boosts import boost_attr
+    from cosched.switcher.timing import LONG_WAIT_NS
     from cosched.policy.watch import SLOWEST
     fs, clock, sched, reports = tree(tmp_path), Clock(), FakeSched(), Reports()
     procs = Procs(fs, (100, 101))
@@ -714,10 +716,10 @@ def test_a_co_stopped_vcpu_of_a_guest_that_ended_is_no_forced_thaw(tmp_path):
         clock.now += POLL
         procs.runs(100)
         sw.tick()
-    assert fs.read(f"{CG2}/machine/a/vcpu0/cgroup.freeze") == "1" and len(sw.exits) == 2
+    assert fs.read(f"{CG2}/machine/a/vcpu0/cgroup.freeze") == "1" and len(sw.grants.exits) == 2
     for tid in (100, 101):                              # its QEMU ends
         exits.exit(tid)
-        sw.exited(next(fd for fd, k in sw.exits.items() if k[2] == tid))
+        sw.exited(next(fd for fd, k in sw.grants.exits.items() if k[2] == tid))
     clock.now += 501 * MS
     sw.tick()
     stats = sw.take_stats()
@@ -736,7 +738,7 @@ def test_a_guest_gives_its_rt_runtime_back_as_soon_as_a_vcpu_exits(tmp_path):
     try:
         os.write(down_w, pr.encode(plan).encode())
         applied(up_r, plan.seq)                           # the whole plan, not only its first writes
-        assert rt("a/vcpu1/") == "100000" and len(sw.exits) == 4 and sched.attrs[100] == SchedAttr("fifo", priority=1)
+        assert rt("a/vcpu1/") == "100000" and len(sw.grants.exits) == 4 and sched.attrs[100] == SchedAttr("fifo", priority=1)
         exits.exit(100)                                   # guest a's QEMU ends
         until(lambda: rt("a/") == "0")
         assert rt("a/vcpu0/") == rt("a/vcpu1/") == "0" and rt("b/vcpu1/") == "100000" and rt("") == "900000"
@@ -744,7 +746,7 @@ def test_a_guest_gives_its_rt_runtime_back_as_soon_as_a_vcpu_exits(tmp_path):
     finally:
         os.close(down_w)
         loop.join(5)
-    assert not loop.is_alive() and sw.exits == {} and rt("") == rt("b/") == "0"
+    assert not loop.is_alive() and sw.grants.exits == {} and rt("") == rt("b/") == "0"
 
 
 def test_a_guest_whose_vcpu_exited_is_neither_granted_nor_boosted_again(tmp_path):
@@ -752,7 +754,7 @@ def test_a_guest_whose_vcpu_exited_is_neither_granted_nor_boosted_again(tmp_path
     rt = lambda p: fs.read(f"{CPU}/machine/{p}cpu.rt_runtime_us")
     sw.apply(plan)
     exits.exit(101)
-    sw.exited(next(fd for fd, k in sw.exits.items() if k[2] == 101))
+    sw.exited(next(fd for fd, k in sw.grants.exits.items() if k[2] == 101))
     assert rt("a/") == rt("a/vcpu0/") == "0" and rt("b/") == "200000"
     sw.apply(replace(plan, seq=2))                        # the daemon has not noticed yet
     assert rt("a/") == "0"
@@ -779,7 +781,7 @@ def test_a_boost_guest_holds_rt_runtime_for_its_fifo_boosts(tmp_path):
     pinned = FakeSched(fail={"deadline": errno.EPERM})
     sw = Switcher(fs, 500 * MS, rt_top_us=900_000, sched=pinned.knob(fs, clock), clock=clock)
     sw.apply(plan)
-    assert rt("") == "900000" and rt("a/") == "200000" and rt("a/vcpu1/") == "100000" and len(sw.exits) == 2
+    assert rt("") == "900000" and rt("a/") == "200000" and rt("a/vcpu1/") == "100000" and len(sw.grants.exits) == 2
     procs.runs(100)
     sw.tick()
     clock.now += POLL
@@ -787,7 +789,7 @@ def test_a_boost_guest_holds_rt_runtime_for_its_fifo_boosts(tmp_path):
     sw.tick()
     assert pinned.attrs[101] == SchedAttr("fifo", priority=1)
     sw.release_all()
-    assert {rt(p) for p in ("", "a/", "a/vcpu0/", "a/vcpu1/")} == {"0"} and sw.exits == {}
+    assert {rt(p) for p in ("", "a/", "a/vcpu0/", "a/vcpu1/")} == {"0"} and sw.grants.exits == {}
 
 
 def test_a_boost_guests_sched_fifo_boosts_are_budgeted_by_its_rt_runtime(tmp_path):
@@ -799,8 +801,8 @@ def test_a_boost_guests_sched_fifo_boosts_are_budgeted_by_its_rt_runtime(tmp_pat
     sw = Switcher(fs, 500 * MS, rt_top_us=900_000, sched=FakeSched().knob(fs, clock), clock=clock)
     sw.apply(replace(watched("boost", replace(member("a", rt=True, rt_us=100_000), boost_ms=2),
                              replace(member("b"), boost_ms=2)), rt_top_us=900_000))
-    assert sw.watched["a"].rules.fifo_budget_ns == 90 * MS
-    assert sw.watched["b"].rules.fifo_budget_ns is None
+    assert sw.watching.watched["a"].rules.fifo_budget_ns == 90 * MS
+    assert sw.watching.watched["b"].rules.fifo_budget_ns is None
     sw.release_all()
 
 
@@ -862,14 +864,14 @@ def test_a_boost_guest_refused_sched_fifo_boosts_with_sched_deadline_only(tmp_pa
     the kernel refuses that (no RT runtime to be had), the guest says so
     once and its vCPUs wait for their periods, boosted with SCHED_DEADLINE
     only."""
-    from cosched.engine.switcher import FALLBACK_BOOST, boost_attr, fresh_ns
+    from cosched.switcher.boosts import FALLBACK_BOOST, boost_attr, fresh_ns
     fs, clock = tree(tmp_path), Clock()
     procs = Procs(fs, (100, 101))
     for sched in (FakeSched(), FakeSched(fail={"fifo": errno.EPERM})):
         sw = first_boost(fs, procs, clock, sched)
-        deadline = boost_attr(2, sw.share)
+        deadline = boost_attr(2, sw.watching.share)
         start = clock.now
-        while clock.now < start + 4 * fresh_ns(2, sw.share):
+        while clock.now < start + 4 * fresh_ns(2, sw.watching.share):
             if sched.attrs.get(101) in (deadline, FALLBACK_BOOST):
                 procs.picked(101)                      # boosted: it gets a CPU, and is preempted again
                 procs.preempted(101)
@@ -1005,9 +1007,9 @@ def test_the_admission_total_is_checked_once_boosts_are_over_after_releases_or_r
     at(3100)
     assert admission.repairs == 2                    # nothing new since
     del sched.fail["deadline"], sched.fail["fifo"]
-    sw.watched["a"].boost_failed = None              # boosting allowed from now on (as after a new plan)
-    sw.watched["a"].refused.clear()
-    for v in sw.watched["a"].rules.vcpus:
+    sw.watching.watched["a"].boost_failed = None              # boosting allowed from now on (as after a new plan)
+    sw.watching.watched["a"].refused.clear()
+    for v in sw.watching.watched["a"].rules.vcpus:
         v.fifo_only = False
     sched.fail["deadline"] = errno.EBUSY
     at(3101)

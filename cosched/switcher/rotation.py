@@ -1,0 +1,192 @@
+"""The rotation: each cell's slot table turned into freeze and thaw on time.
+
+In a cell of two or more members one member's vCPUs run while the others'
+are frozen (``freeze`` cells), and a member with a priority is boosted with
+SCHED_FIFO for its slot. At each slot boundary the next member takes over; a
+new plan keeps the member that was running where it can.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+from cosched.actuators.journal import GONE
+from cosched.actuators.sched import SchedAttr
+from cosched.switcher import protocol as pr
+from cosched.switcher.timing import FREEZE_WAIT_S
+from cosched.switcher.vcpus import Counters, Vcpus, VState, keys_of
+
+log = logging.getLogger("cosched.switcher")
+
+
+@dataclass
+class MemberState:
+    plan: pr.MemberPlan
+
+    @property
+    def uuid(self) -> str:
+        return self.plan.uuid
+
+    def keys(self) -> tuple[tuple, ...]:
+        return keys_of(self.plan)
+
+
+@dataclass
+class CellState:
+    id: str
+    mode: str
+    members: list[MemberState]
+    active: int = 0
+    deadline: int | None = None
+    boost_failed: str | None = None
+
+
+class Rotation:
+    """The rotated cells of the plan in force (``cells``)."""
+
+    def __init__(self, vcpus: Vcpus, counters: Counters, clock: Callable[[], int], error: Callable[[str], None]):
+        self.vcpus, self.counters, self.clock, self.error = vcpus, counters, clock, error
+        self.cells: dict[str, CellState] = {}
+        self.max_stall_ns = 0
+
+    def planned(self, plans: list[pr.CellPlan]) -> dict[str, CellState]:
+        """The cells of a new plan, each keeping the member that runs now
+        where it is still a member (and its slot's deadline)."""
+        cells: dict[str, CellState] = {}
+        for c in plans:
+            members = [MemberState(m) for m in c.members]
+            cell = CellState(c.id, c.mode, members)
+            prev = self.cells.get(c.id)
+            if prev is not None and prev.members:
+                active_uuid = prev.members[prev.active].uuid
+                ids = [m.uuid for m in members]
+                if active_uuid in ids:
+                    cell.active, cell.deadline = ids.index(active_uuid), prev.deadline
+                cell.boost_failed = prev.boost_failed
+            cells[c.id] = cell
+            for m in members:
+                self.vcpus.hold(m.plan.name, m.plan)
+        return cells
+
+    def start(self, cells: dict[str, CellState]) -> None:
+        """Put ``cells`` in force, taking back the boosts that must go
+        (before their RT runtime does); :meth:`enter_all` then runs each
+        cell's active member."""
+        self.cells = cells
+        for cell in cells.values():
+            for m in cell.members:
+                if not m.plan.priority or cell.boost_failed:
+                    self._unboost_member(m)
+
+    def enter_all(self, now: int) -> None:
+        for cell in self.cells.values():
+            self._enter(cell, now, "fresh" if cell.deadline is None else "reapply")
+
+    def keys(self) -> set[tuple]:
+        return {k for c in self.cells.values() for m in c.members for k in m.keys()}
+
+    def rt_owners(self) -> list[tuple[CellState, pr.MemberPlan, str, tuple]]:
+        """The members boosted in their slots: (cell, plan, cell id, keys)."""
+        return [(cell, m.plan, cell.id, m.keys()) for cell in self.cells.values() for m in cell.members
+                if m.plan.priority]
+
+    def tick(self, now: int) -> None:
+        """Perform every due slot change."""
+        for cell in self.cells.values():
+            if cell.deadline is not None and now >= cell.deadline:
+                self.counters.lateness_ns.append(now - cell.deadline)
+                cell.active = (cell.active + 1) % len(cell.members)
+                if now - cell.deadline > self.max_stall_ns:
+                    cell.deadline = now              # hopelessly late: restart the cycle
+                self._enter(cell, now, "switch")
+
+    def deadlines(self) -> list[int]:
+        return [c.deadline for c in self.cells.values() if c.deadline is not None]
+
+    def _boost_member(self, cell: CellState, m: MemberState) -> None:
+        if not m.plan.priority or cell.boost_failed or any(k in self.vcpus.gone for k in m.keys()):
+            return
+        try:
+            for k in m.keys():
+                if not self.vcpus.state.setdefault(k, VState()).boosted:
+                    self.vcpus.sched.apply(k[2], SchedAttr("fifo", priority=m.plan.priority))
+                    self.vcpus.state[k].boosted = True
+        except OSError as e:
+            if e.errno in GONE:
+                return
+            cell.boost_failed = (f"boost impossible for domain {m.plan.name}: {os.strerror(e.errno)}; "
+                                 f"cell {cell.id} runs freeze-only")
+            self.error(cell.boost_failed)
+            self._unboost_member(m)
+
+    def _unboost_member(self, m: MemberState) -> None:
+        for k in m.keys():
+            self.vcpus.unboost(k)
+
+    def _enter(self, cell: CellState, now: int, how: str) -> None:
+        """Make the cell's actual state match its active member.
+
+        ``how``: ``fresh`` (a new rotation starts now), ``switch`` (a slot
+        boundary: counted and timed, the deadline advances by the slot) or
+        ``reapply`` (a new plan kept this member active: deadline unchanged).
+        """
+        lone = len(cell.members) < 2
+        active = cell.members[cell.active]
+        vcpus = self.vcpus
+        t0 = self.clock()
+        if cell.mode == "freeze" and not lone:
+            outgoing = [k for i, m in enumerate(cell.members) if i != cell.active for k in m.keys()]
+            for k in outgoing:
+                vcpus.freeze(k, True, t0)
+            files = [vcpus.info[k][1].freeze for k in outgoing if vcpus.state[k].frozen]
+            t_written = self.clock()
+            late = set(vcpus.freezer.wait(files, True, timeout=self.freeze_wait_s()))
+            t_waited = self.clock()
+            if t_waited - t0 > 5_000_000:
+                log.warning("cell=%s action=slow-freeze write_ms=%.2f wait_ms=%.2f", cell.id,
+                            (t_written - t0) / 1e6, (t_waited - t_written) / 1e6)
+            if late:
+                self._report_late(cell, late)
+        else:
+            for m in cell.members:
+                for k in m.keys():
+                    vcpus.freeze(k, False, t0)
+        for k in active.keys():
+            vcpus.freeze(k, False, self.clock())
+        t1 = self.clock()
+        for i, m in enumerate(cell.members):
+            if i != cell.active or lone:
+                self._unboost_member(m)
+        if not lone:
+            self._boost_member(cell, active)
+        if cell.mode != "freeze":
+            t1 = self.clock()
+        slot_ns = int(active.plan.slot_ms * 1_000_000)
+        if lone:
+            cell.deadline = None
+        elif how == "fresh":
+            cell.deadline = now + slot_ns
+        elif how == "switch":
+            self.counters.latency_ns.append(t1 - t0)
+            self.counters.switches[cell.id] = self.counters.switches.get(cell.id, 0) + 1
+            cell.deadline += slot_ns
+
+    def freeze_wait_s(self) -> float:
+        """How long a slot change waits for ``frozen 1``: 50 ms, or a quarter
+        of ``max_stall_ms`` if that is shorter."""
+        return min(FREEZE_WAIT_S, self.max_stall_ns / 4e9)
+
+    def _report_late(self, cell: CellState, late: set[str]) -> None:
+        """Name each guest with a vCPU cgroup not frozen in time. Its freeze
+        stays requested: only a thread that is not running fails to trap
+        (queued behind others for a CPU, measured at 50 ms and more when a
+        busy host's guests are first put in a gang, or blocked in the
+        kernel), and it traps as soon as it runs, out of turn or not. The
+        guest's own slot, or ``max_stall_ms``, thaws it as any other."""
+        for i, m in enumerate(cell.members):
+            stuck = [str(k[1]) for k in m.keys() if self.vcpus.info[k][1].freeze in late]
+            if i != cell.active and stuck:
+                self.error(f"domain={m.plan.name} vcpu={','.join(stuck)} not frozen within "
+                           f"{self.freeze_wait_s() * 1000:g} ms: it freezes when it next runs")

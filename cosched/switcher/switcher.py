@@ -1,0 +1,191 @@
+"""The switcher: the plan in force, turned into freeze/thaw and boosts on time.
+
+It holds the rotation of each cell (:mod:`.rotation`), the watched guests
+(:mod:`.watching`), the RT runtime boosts need (:mod:`.grants`) and the
+per-vCPU state all of them change (:mod:`.vcpus`); it adopts each new plan,
+performs what is due at each wake-up, checks the kernel's deadline admission
+total, and counts what it did for the daemon.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+from cosched.actuators.admission import SETTLE_MAX_NS, Admission
+from cosched.actuators.sched import SchedKnob
+from cosched.hostfs import HostFS
+from cosched.policy.plan import WATCHED
+from cosched.policy.watch import Bcs
+from cosched.switcher import protocol as pr
+from cosched.switcher.boosts import boost_share
+from cosched.switcher.grants import Grants
+from cosched.switcher.rotation import Rotation
+from cosched.switcher.timing import ADMISSION_CHECK_NS, REFUSED_CHECK_NS
+from cosched.switcher.vcpus import Counters, Vcpus
+from cosched.switcher.watching import Watched, Watching
+
+log = logging.getLogger("cosched.switcher")
+
+
+class Switcher:
+    """The slot tables of every cell, turned into freeze/thaw and boosts.
+
+    ``sched`` applies scheduling attributes (a :class:`SchedKnob`, or one
+    a test builds on fake system calls); ``clock`` gives monotonic ns;
+    ``admission`` checks and recounts the kernel's deadline admission total
+    (an :class:`Admission` through ``sched``'s system call by default);
+    ``long_waits``: the meter's long-wait reports, or None.
+    """
+
+    def __init__(self, fs: HostFS, max_stall_ns: int, rt_top_us: int | None = None,
+                 sched=None, clock: Callable[[], int] = time.monotonic_ns, admission: Admission | None = None,
+                 long_waits=None):
+        self.fs = fs
+        self.max_stall_ns = max_stall_ns
+        self.rt_top_us = rt_top_us
+        self.sched = sched if sched is not None else SchedKnob(fs, clock=clock)
+        self.clock = clock
+        self.counters = Counters()
+        self._reported: set[str] = set()
+        self.vcpus = Vcpus(fs, self.sched, clock, self.counters, self._error)
+        self.rotation = Rotation(self.vcpus, self.counters, clock, self._error)
+        self.rotation.max_stall_ns = max_stall_ns
+        self.watching = Watching(fs, self.vcpus, self.counters, clock, self._error, boost_share(fs), long_waits)
+        self.grants = Grants(fs, self.vcpus, self._error)
+        self.max_boosted = 0
+        self.admission = admission if admission is not None else Admission(fs, put=self.sched.set)
+        self.admission_wrong: bool | None = None     # None: not checked yet
+        self._checked = 0                            # releases up to here are covered by a check
+        self._last_check = clock()                   # when the total was last checked (monotonic ns): the
+                                                     # daemon checked it when it started (Engine.recover)
+        self._refused = False                        # a boost was refused since the last check
+        self.settling: int | None = None             # since when no boost starts: the total is checked then
+
+    @property
+    def long_waits(self):
+        return self.watching.long_waits
+
+    @property
+    def busy(self) -> bool:
+        """Whether it has anything to switch or watch."""
+        return bool(self.rotation.cells or self.watching.watched)
+
+    # -- errors never stop the loop --------------------------------------
+    def _error(self, message: str) -> None:
+        if message not in self._reported:
+            self._reported.add(message)
+            self.counters.errors.append(message)
+            log.warning("action=error %s", message)
+
+    # -- plans ----------------------------------------------------------
+    def apply(self, msg: pr.Plan) -> None:
+        """Adopt a new plan, keeping each cell's rotation where it can."""
+        now = self.clock()
+        self.max_stall_ns = self.rotation.max_stall_ns = int(msg.max_stall_ms * 1_000_000)
+        self.rt_top_us = msg.rt_top_us
+        cells = self.rotation.planned([c for c in msg.cells if c.mode not in WATCHED])
+        watched = self.watching.planned([c for c in msg.cells if c.mode in WATCHED], now)
+        wanted = {k for c in cells.values() for m in c.members for k in m.keys()}
+        wanted |= {k for w in watched.values() for k in w.keys}
+        self.grants.rt.release(self.vcpus.release([k for k in self.vcpus.info if k not in wanted], now))
+        self.vcpus.adopt(wanted, now)
+        self.max_boosted = msg.max_boosted
+        self.watching.start(watched)
+        self.rotation.start(cells)
+        self._grant()
+        self.rotation.enter_all(now)
+        log.info("action=plan cells=%s watched=%s", ",".join(f"{c.id}:{len(c.members)}" for c in cells.values()) or "-",
+                 ",".join(w.cell for w in watched.values()) or "-")
+
+    def _grant(self) -> None:
+        """Hold the RT runtime every boosted member needs (RT group
+        scheduling only); a member refused its grant boosts no more with
+        what needs it."""
+        owners = self.rotation.rt_owners() + self.watching.rt_owners()
+        for who, cid, path in self.grants.hold(owners, self.rt_top_us):
+            if isinstance(who, Watched) and isinstance(who.rules, Bcs):
+                self.watching.fifo_off(who, f"RT runtime grant {path} failed")
+            elif not who.boost_failed:
+                who.boost_failed = f"RT runtime grant {path} failed; {cid} runs " + (
+                    "without boosts" if isinstance(who, Watched) else "freeze-only")
+                self._error(who.boost_failed)
+
+    def exited(self, fd: int) -> None:
+        """A vCPU holding RT runtime exited: its guest gives its runtime back now."""
+        key = self.grants.exited(fd)
+        if key is None:
+            return
+        self.watching.unboost_guest(key[0])          # no RT thread may stay in a group losing its runtime
+        log.info("domain=%s vcpu=%d action=exited rt=given-back", self.vcpus.info.get(key, (key[0],))[0], key[1])
+        self._grant()
+
+    def told(self, now: int) -> None:
+        """Take the meter's reports of long waits: each one's guest is looked at now."""
+        self.watching.told(now)
+
+    # -- time -------------------------------------------------------------
+    def tick(self) -> int | None:
+        """Perform every due slot change, look, and check; return the next deadline (or None)."""
+        now = self.clock()
+        self.rotation.tick(now)
+        self.vcpus.thaw_stalled(now, self.max_stall_ns)
+        watching = self.watching
+        if watching.next_poll is not None and now >= watching.next_poll:
+            room = 0 if self.settling is not None else self.max_boosted - watching.boosted()
+            self._refused |= watching.poll(now, room, checking=self.settling is not None)
+            watching.after_poll()
+        self._check_admission(now)
+        deadlines = self.rotation.deadlines() + ([watching.next_poll] if watching.next_poll is not None else [])
+        return min(deadlines) if deadlines else None
+
+    def _check_admission(self, now: int) -> None:
+        """Check the deadline admission total when due, with no boost held
+        and nothing released pending (``docs/design/admission.md``), and
+        recount it if it is wrong. No boost starts while it waits for that
+        (``settling``)."""
+        released = self.sched.released_by()
+        quiet = not self.sched.holding() and now >= released
+        if self.settling is None:
+            every = REFUSED_CHECK_NS if self._refused and quiet else ADMISSION_CHECK_NS
+            if not ((self._refused or released > self._checked) and now >= self._last_check + every):
+                return
+            self.settling = now                      # no boost starts meanwhile (poll)
+        if not quiet and now - self.settling < SETTLE_MAX_NS:
+            return
+        # releases still pending after SETTLE_MAX_NS are left to the next check
+        self._refused, self._checked, self._last_check, self.settling = False, min(released, now), now, None
+        problem = self.admission.repair()
+        self.admission_wrong = problem is not None
+        if problem:
+            self._error(problem)
+
+    # -- the end, and reports ---------------------------------------------
+    def release_all(self) -> None:
+        now = self.clock()
+        self.watching.stop(now)
+        self.grants.rt.release(self.vcpus.release(list(self.vcpus.info), now))
+        self.grants.release_all()
+        self.vcpus.freezer.close()
+        self.admission.close()
+        self.rotation.cells = {}
+
+    def take_stats(self, released: bool = False) -> pr.Stats:
+        """The counters since the last call; vCPUs frozen now are credited up to now."""
+        self.vcpus.credit(self.clock())
+        c = self.counters.take()
+        if c.held["refused"]:
+            log.info("action=boosts-refused count=%d reason='deadline admission control (EBUSY)'", c.held["refused"])
+        vcpus = sorted(set(c.costop_ns) | set(c.costops) | set(c.boosts))
+        cells, watched = self.rotation.cells, self.watching.watched
+        failed = {cell.id: cell.boost_failed for cell in cells.values() if cell.boost_failed}
+        failed.update({w.cell: w.boost_failed for w in watched.values() if w.boost_failed})
+        return pr.Stats(
+            switches=c.switches, latency_ns=tuple(c.latency_ns), lateness_ns=tuple(c.lateness_ns),
+            tallies=tuple(pr.Tally(uuid, vcpu, c.costop_ns.get((uuid, vcpu), 0), c.costops.get((uuid, vcpu), 0),
+                                   c.boosts.get((uuid, vcpu), 0)) for uuid, vcpu in vcpus),
+            forced_thaws=c.forced_thaws, long_waits_held=dict(c.held), long_waits_reported=c.reported,
+            errors=tuple(c.errors),
+            active={cell.id: cell.members[cell.active].uuid for cell in cells.values() if cell.members},
+            boost_failed=failed, released=released, released_by=self.sched.released_by(),
+            rt_stranded_us=self.grants.stranded(), admission_wrong=self.admission_wrong)
