@@ -282,22 +282,10 @@ def _finish(problems: list[str], prefix: str, success: str) -> int:
 
 
 def _reset_offline(config: Config) -> list[str]:
-    import os
-
-    from cosched.actuators import journal as jr
-    from cosched.actuators import knobs
-    from cosched.actuators.admission import settle
+    from cosched.engine.undo import reset
     from cosched.hostfs import HostFS
 
-    if not os.path.exists(config.journal_path):
-        return []
-    fs = HostFS("/")
-    journal = jr.Journal(config.journal_path)
-    problems = [f"journal damaged, an original may be lost: {d}" for d in journal.damage]
-    every = knobs(fs)
-    problems += jr.restore(journal, every)
-    problem = settle(fs, every["sched"])      # boosts returned meanwhile: see admission
-    return problems + ([problem] if problem else [])
+    return reset(config.journal_path, HostFS("/"))
 
 
 def _presets(config: Config):

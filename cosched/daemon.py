@@ -128,7 +128,7 @@ class Daemon:
         self.config = new
         self.sampler.interval = new.sample_interval_ms / 1000.0
         self.sampler.budget = new.sample_budget_pct / 100.0
-        self.engine.reserved_cpus, self.engine.max_stall_ms = new.reserved_cpus, new.max_stall_ms
+        self.engine.reconfigure(new.reserved_cpus, new.max_stall_ms)
         self.presets = Presets.load(list(new.presets_dirs))
         log.info("action=reloaded changed=%s presets=%s errors=%d", ",".join(changed) or "-",
                  ",".join(sorted(self.presets.by_name)), len(self.presets.errors))

@@ -8,7 +8,7 @@ Switcher to daemon: :class:`Ready` (it runs, realtime or not),
 :data:`STATS_EVERY_S`, every :data:`IDLE_STATS_EVERY_S` while it has nothing
 to switch or watch, and a last one with ``released`` set when it has given
 everything back). A busy switcher that falls silent is taken for stalled
-(:func:`cosched.engine.stall_limit`).
+(:func:`cosched.engine.supervisor.stall_limit`).
 """
 from __future__ import annotations
 

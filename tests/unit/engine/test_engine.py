@@ -97,7 +97,7 @@ def test_dry_run_writes_nothing(fake, fs, tmp_path):
     engine = engine_for(fs, journal, affinity, dry_run=True)
     plan = engine.reconcile(snapshot(fake, fs, 2))
     assert plan.cells and affinity.calls == [] and len(journal) == 0
-    assert engine._proc is None and sched_untouched(engine)
+    assert engine.switcher.proc is None and sched_untouched(engine)
 
 
 def sched_untouched(engine):
@@ -157,14 +157,14 @@ def test_a_dead_switcher_is_undone_and_replaced_at_once(fake, fs, tmp_path):
         engine.reconcile(snap)
         assert [freeze_file(fake, i, 0).read_text() for i in range(2)] == ["0", "1"]
         time.sleep(1.0)                                   # one that dies at once is not restarted in a loop
-        first = engine._proc
+        first = engine.switcher.proc
         first.switcher.release_all = lambda: None         # killed: it cleans nothing up itself
         first.kill()
         assert asked.wait(5), "the daemon was not asked to resync"
         assert all(freeze_file(fake, i, v).read_text() == "0" for i in range(2) for v in range(2))
         assert all(c == (0, 1) for c in affinity.now.values())      # no pinning without a rotation
         engine.reconcile(snap)                            # the resync it asked for
-        assert engine._proc is not first and engine._proc.poll() is None
+        assert engine.switcher.proc is not first and engine.switcher.proc.poll() is None
         assert sorted(freeze_file(fake, i, 0).read_text() for i in range(2)) == ["0", "1"]
     finally:
         assert engine.release() == []
@@ -183,10 +183,10 @@ def test_a_new_switcher_is_told_which_vcpus_the_daemon_returned_from_deadline_bo
     try:
         snap = snapshot(fake, fs, 1, xml=GANG.replace('name="gang" quantum-ms="200"', 'name="boost"'))
         engine.reconcile(snap)
-        assert engine._sent.cells[0].mode == "boost"
-        assert [v.quiet_until for v in engine._sent.cells[0].members[0].vcpus] == [0, 0]
+        assert engine.switcher.sent.cells[0].mode == "boost"
+        assert [v.quiet_until for v in engine.switcher.sent.cells[0].members[0].vcpus] == [0, 0]
         time.sleep(1.0)
-        first = engine._proc
+        first = engine.switcher.proc
         first.switcher.release_all = lambda: None         # killed: it cleans nothing up itself
         sched.attrs[102] = SchedAttr("deadline", runtime_ns=2_000_000, deadline_ns=8_000_000, period_ns=8_000_000)
         first.kill()
@@ -194,8 +194,8 @@ def test_a_new_switcher_is_told_which_vcpus_the_daemon_returned_from_deadline_bo
         assert sched.attrs[102] == SchedAttr()
         restored = time.monotonic_ns()
         engine.reconcile(snap)
-        assert engine._proc is not first
-        quiet = [v.quiet_until for v in engine._sent.cells[0].members[0].vcpus]
+        assert engine.switcher.proc is not first
+        quiet = [v.quiet_until for v in engine.switcher.sent.cells[0].members[0].vcpus]
         assert quiet[0] == 0 and restored - 2e9 < quiet[1] - knob._zero.period_ns <= restored, quiet
     finally:
         assert engine.release() == []
@@ -250,7 +250,7 @@ def test_a_silent_switcher_is_killed_and_what_it_froze_is_thawed(fake, fs, tmp_p
     long after (once 0.6 s, past ``max_stall_ms``): the thaw does not wait
     for it."""
     import threading
-    from cosched.engine import stall_limit
+    from cosched.engine.supervisor import stall_limit
     asked, killed, exited = threading.Event(), threading.Event(), threading.Event()
     journal = Journal(str(tmp_path / "run/journal"))
     knob = FakeSched().knob(fs)
@@ -258,7 +258,7 @@ def test_a_silent_switcher_is_killed_and_what_it_froze_is_thawed(fake, fs, tmp_p
                     resync=asked.set, max_stall_ms=400)
     try:
         engine.reconcile(snapshot(fake, fs, 2))
-        first = engine._proc                              # killed within its first second: replaced all the same
+        first = engine.switcher.proc                              # killed within its first second: replaced all the same
         first.switcher.release_all = lambda: None         # killed: it cleans nothing up itself
         first.switcher.tick = lambda: exited.wait()       # stuck: no slot changes, no reports
         kill = first.kill
@@ -287,13 +287,13 @@ def test_a_switcher_given_work_after_a_quiet_spell_is_not_taken_for_stalled(fake
     try:
         snap = snapshot(fake, fs, 2, xml="<domain/>")      # no policy: nothing to switch
         engine.reconcile(snap)
-        first = engine._proc
+        first = engine.switcher.proc
         assert first is not None and first.poll() is None
         for _ in range(3):                                 # quiet spells ending at different points of a second
             time.sleep(0.85)
             engine.reconcile(snapshot(fake, fs, 2))
             time.sleep(0.3)
             engine.reconcile(snap)
-        assert engine._proc is first and engine.stats().forced_thaws == 0, engine.stats().errors
+        assert engine.switcher.proc is first and engine.stats().forced_thaws == 0, engine.stats().errors
     finally:
         assert engine.release() == []

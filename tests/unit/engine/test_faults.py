@@ -139,7 +139,7 @@ def test_a_failing_knob_is_reported_and_strands_nothing(knob, how, fake, tmp_pat
             thawed = [i for i in range(2) if freeze_file(fake, i, 0).read_text() == "0"]
             seen.update(thawed if len(thawed) == 1 else [])
             time.sleep(0.01)
-        assert engine._proc.poll() is None, "the switch loop stopped"
+        assert engine.switcher.proc.poll() is None, "the switch loop stopped"
         if knob != "freeze":                             # the rotation goes on with what works
             assert seen == {0, 1}, "no rotation"
     finally:

@@ -1,0 +1,289 @@
+"""The switcher process, supervised: started, fed plans, read, and watched.
+
+The supervisor starts the switcher (:mod:`cosched.switcher`) when a plan needs
+it, hands it each new plan and waits until it confirms the plan is in force,
+and accumulates what it reports (:class:`EngineStats`). A switcher that dies,
+or that has guests to switch or watch but stays silent and does not run
+(stopped, starved of CPU, stuck in the kernel) for :func:`stall_limit`, is
+killed; what it may have left (thread policies, cgroup files, pinning) is
+undone at once and a new one is started at the next plan.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from cosched.histogram import Histogram
+from cosched.hostfs import HostFS
+from cosched.kernel import parse_schedstat
+from cosched.sampler.meter import LongWaits
+from cosched.switcher import protocol as pr
+
+log = logging.getLogger("cosched.engine")
+
+LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.002, 0.005, 0.01, 0.05)
+LATENESS_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.1)
+
+
+@dataclass
+class EngineStats:
+    """What the switcher reported, accumulated. Read it through :meth:`Supervisor.stats`."""
+
+    switches: dict[str, int] = field(default_factory=dict)
+    latency: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
+    lateness: Histogram = field(default_factory=lambda: Histogram(LATENESS_BUCKETS))
+    costop: dict[tuple[str, int], float] = field(default_factory=dict)   # (uuid, vcpu) -> seconds
+    costops: dict[tuple[str, int], int] = field(default_factory=dict)    # (uuid, vcpu) -> co-stops
+    boosts: dict[tuple[str, int], int] = field(default_factory=dict)     # (uuid, vcpu) -> boosts
+    forced_thaws: int = 0
+    long_waits_held: Counter = field(default_factory=Counter)         # why -> long waits not boosted
+    long_waits_reported: int = 0                                      # by the meter
+    errors: deque = field(default_factory=lambda: deque(maxlen=50))
+    active: dict[str, str] = field(default_factory=dict)
+    boost_failed: dict[str, str] = field(default_factory=dict)
+    realtime: bool | None = None
+    rt_stranded_us: int = 0              # RT runtime granted to cgroups removed while holding it
+    error_count: int = 0                 # problems reported so far (errors keeps the last 50)
+    journal_damage: int = 0              # lines of the journal found damaged at start
+    admission_wrong: bool = False        # the kernel's deadline admission total is wrong and was not recounted
+
+
+def stall_limit(max_stall_ms: int) -> float:
+    """Seconds of silence after which a busy switcher is taken for stalled:
+    half of ``max_stall_ms`` (a busy switcher reports every 0.1 s), at least
+    0.3 s, so that the vCPUs it froze are thawed by ``max_stall_ms``."""
+    return max(max_stall_ms / 2000, 3 * pr.STATS_EVERY_S)
+
+
+def spawn_switcher(env: dict) -> subprocess.Popen:
+    """The real switcher: its own process (see :mod:`cosched.switcher`),
+    given the meter's long-wait descriptors ``env`` names."""
+    return subprocess.Popen([sys.executable, "-m", "cosched.switcher"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=env, bufsize=1, pass_fds=LongWaits.fds_in(env))
+
+
+class Supervisor:
+    """One switcher at a time (``proc``), and the plan it was last given (``sent``).
+
+    ``factory`` (``env -> handle`` with ``stdin``, ``stdout``, ``poll``,
+    ``wait``, ``kill`` and ``pid``, like :class:`subprocess.Popen`) starts
+    one; ``long_waits`` gives the meter's long-wait descriptors for it (None:
+    no meter). When one dies or is killed, ``undo`` puts back what it may
+    have left, under ``op_lock`` (the engine's), unless a newer switcher has
+    taken over; ``frozen`` counts the vCPUs frozen now; ``resync`` asks for
+    a plan soon, so that a new switcher takes over at once.
+    """
+
+    def __init__(self, fs: HostFS, *, priority: int, max_stall_ms: int, factory: Callable[[dict], object],
+                 long_waits: Callable[[], dict[str, int] | None], op_lock: threading.RLock,
+                 undo: Callable[[], None], frozen: Callable[[], int], resync: Callable[[], None],
+                 journal_damage: int = 0):
+        self.fs, self.priority, self.max_stall_ms = fs, priority, max_stall_ms
+        self.factory, self.long_waits, self.op_lock = factory, long_waits, op_lock
+        self.undo, self.frozen, self.resync = undo, frozen, resync
+        self._stats = EngineStats(journal_damage=journal_damage)
+        self.lock = threading.Lock()          # guards _stats
+        self.proc = None
+        self.sent: pr.Plan | None = None
+        self._seq = 0
+        self._applied = -1
+        self._ready = False
+        self._acks = threading.Condition()
+        self._heard = 0.0                     # monotonic time of the switcher's last message
+        self.released_by = 0                  # a switcher's boosts' bandwidth all released by (Stats.released_by)
+
+    def stats(self) -> EngineStats:
+        """A private copy of the switcher's accumulated figures, safe to read without a lock."""
+        with self.lock:
+            return copy.deepcopy(self._stats)
+
+    def costop(self) -> dict[tuple[str, int], float]:
+        """Seconds each (uuid, vCPU) has been held frozen, cumulative."""
+        with self.lock:
+            return dict(self._stats.costop)
+
+    def send(self, body: pr.Plan, timeout: float = 3.0) -> bool:
+        """Hand the plan to the switcher (started first if none runs); True
+        once it confirms the plan is in force."""
+        if self.proc is None or self.proc.poll() is not None or getattr(self.proc, "stalled", False):
+            if not self._start():
+                return False
+            self.sent = None
+        if body != self.sent:
+            self._seq += 1
+            self._heard = time.monotonic()    # silence is counted from the work given, not an idle spell
+            try:
+                self.proc.stdin.write(pr.encode(replace(body, seq=self._seq)))
+                self.proc.stdin.flush()
+            except (BrokenPipeError, OSError) as e:
+                log.error("action=switcher-write-failed error=%r", str(e))
+                return False
+            self.sent = body
+            proc = self.proc
+            with self._acks:                  # a switcher that died will never confirm
+                return self._acks.wait_for(lambda: self._applied >= self._seq or proc.poll() is not None, timeout)
+        return True
+
+    def _start(self, timeout: float = 10.0) -> bool:
+        """Start the switcher and wait until it runs (realtime, if it may)."""
+        env = {k: v for k, v in os.environ.items() if k != LongWaits.ENV}
+        fds = self.long_waits()
+        env.update(COSCHED_SWITCHER_PRIORITY=str(self.priority), COSCHED_HOST_ROOT=str(self.fs.root),
+                   **(LongWaits.env(fds) if fds else {}))
+        self._ready = False
+        self.proc = self.factory(env)
+        self.proc.started_at = self._heard = time.monotonic()
+        threading.Thread(target=self._read, args=(self.proc,), name="switcher-stats", daemon=True).start()
+        threading.Thread(target=self._watch, args=(self.proc,), name="switcher-watchdog", daemon=True).start()
+        proc = self.proc
+        with self._acks:
+            self._acks.wait_for(lambda: self._ready or proc.poll() is not None, timeout)
+        ready = self._ready and proc.poll() is None
+        log.info("action=switcher-started pid=%s ready=%s realtime=%s", proc.pid, ready, self._stats.realtime)
+        if not ready and proc.poll() is None:
+            log.error("action=switcher-not-ready pid=%s waited_s=%.0f: killing it", proc.pid, timeout)
+            proc.kill()
+        return ready
+
+    def _read(self, proc) -> None:
+        for line in proc.stdout:
+            self._heard = time.monotonic()
+            try:
+                msg = pr.decode(line)
+            except ValueError as e:
+                log.warning("action=switcher-message-unreadable error=%r", str(e))
+                continue
+            if isinstance(msg, (pr.Ready, pr.Applied)):
+                with self._acks:
+                    if isinstance(msg, pr.Ready):
+                        with self.lock:
+                            self._stats.realtime = msg.realtime
+                        self._ready = proc.ready = True
+                    else:
+                        self._applied = msg.seq
+                    self._acks.notify_all()
+            elif isinstance(msg, pr.Stats):
+                self._account(msg)
+        code = proc.wait()
+        with self._acks:
+            self._acks.notify_all()
+        self._gone(proc, code)
+
+    def _gone(self, proc, code) -> None:
+        """Undo what a switcher that died, or that the watchdog killed, left
+        behind (once, whichever sees it first), and have it restarted."""
+        if getattr(proc, "stopping", False):
+            return
+        lived = time.monotonic() - getattr(proc, "started_at", 0.0)
+        # one that dies at once is not restarted in a loop; one the watchdog killed did not die
+        now = lived >= 1.0 or getattr(proc, "stalled", False)
+        with self.op_lock:
+            if getattr(proc, "undone", False):
+                return
+            proc.undone = True
+            if self.proc is not proc:
+                # a reconcile already started the next one and gave it the plan (and the journal's
+                # originals): undoing now would thaw what it froze and drop the originals it needs
+                log.error("action=switcher-died code=%s lived_s=%.1f: already replaced", code, lived)
+                return
+            log.error("action=switcher-died code=%s lived_s=%.1f: restoring thread policies, cgroup files and "
+                      "pinning, restarting it %s", code, lived, "now" if now else "at the next resync")
+            self.undo()
+        if now:
+            self.resync()
+
+    def _ran_ns(self, proc) -> int | None:
+        """The switcher's CPU time so far (``/proc/PID/schedstat``); None if unreadable."""
+        try:
+            return parse_schedstat(self.fs.read_bytes(f"/proc/{proc.pid}/schedstat"))[0]
+        except (OSError, ValueError):
+            return None
+
+    def _watch(self, proc) -> None:
+        """Kill the switcher if it stays silent while it has guests to switch
+        or watch and has not run meanwhile (stopped, starved, stuck); the
+        reader thread then undoes and restarts. Its own CPU time tells a
+        stalled switcher from a daemon slow to read it (on a loaded host,
+        this daemon's threads can be held up too); where it cannot be read,
+        silence alone decides. A switcher is judged only once it is ready:
+        until then it has been given nothing (the plan on record is the last
+        one's), and :meth:`_start` times its start. (A new switcher starting
+        on a loaded host was once killed 355 ms into its start, and the next
+        only came 10 s later.)"""
+        limit = stall_limit(self.max_stall_ms)
+        ran, ran_at = self._ran_ns(proc), time.monotonic()
+        while proc.poll() is None and self.proc is proc:
+            time.sleep(limit / 6)
+            now, ran_now = time.monotonic(), self._ran_ns(proc)
+            if ran_now != ran:
+                ran, ran_at = ran_now, now
+            sent = self.sent
+            silent = now - self._heard
+            if (not getattr(proc, "ready", False) or sent is None or not sent.cells or silent < limit
+                    or (ran is not None and now - ran_at < limit) or proc.poll() is not None):
+                continue
+            frozen = self.frozen()
+            log.error("action=switcher-stalled pid=%s silent_ms=%.0f frozen_vcpus=%d: killing it; what it "
+                      "froze or boosted is restored and it is restarted", proc.pid, 1000 * silent, frozen)
+            with self.lock:
+                self._stats.forced_thaws += frozen
+                self._stats.errors.append(f"switcher silent for {1000 * silent:.0f} ms: killed and restarted")
+                self._stats.error_count += 1
+            proc.stalled = True
+            proc.kill()
+            # killed, it runs no more of its code, but its exit (and the end of its output, which the
+            # reader waits for) can come much later on a loaded host: once 0.6 s later, past max_stall_ms
+            self._gone(proc, "SIGKILL")
+            return
+
+    def _account(self, msg: pr.Stats) -> None:
+        with self.lock:
+            s = self._stats
+            for cell, n in msg.switches.items():
+                s.switches[cell] = s.switches.get(cell, 0) + n
+            for ns in msg.latency_ns:
+                s.latency.observe(ns / 1e9)
+            for ns in msg.lateness_ns:
+                s.lateness.observe(ns / 1e9)
+            for t in msg.tallies:        # deltas: a restarted switcher does not reset the counters
+                key = (t.uuid, t.vcpu)
+                s.costop[key] = s.costop.get(key, 0.0) + t.costop_ns / 1e9
+                s.costops[key] = s.costops.get(key, 0) + t.costops
+                s.boosts[key] = s.boosts.get(key, 0) + t.boosts
+            s.forced_thaws += msg.forced_thaws
+            s.rt_stranded_us += msg.rt_stranded_us
+            if msg.admission_wrong is not None:
+                s.admission_wrong = msg.admission_wrong
+            self.released_by = max(self.released_by, msg.released_by)
+            s.long_waits_held.update(msg.long_waits_held)
+            s.long_waits_reported += msg.long_waits_reported
+            s.errors.extend(msg.errors)
+            s.error_count += len(msg.errors)
+            s.active = dict(msg.active)
+            s.boost_failed = dict(msg.boost_failed)
+
+    def stop(self) -> None:
+        """Have the switcher release everything and exit (killed after 10 s)."""
+        proc, self.proc, self.sent = self.proc, None, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.stopping = True
+        try:
+            proc.stdin.write(pr.encode(pr.Stop()))
+            proc.stdin.close()
+        except (BrokenPipeError, OSError):
+            pass
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            log.error("action=switcher-kill reason=no-exit-in-10s")
+            proc.kill()
+            proc.wait()
