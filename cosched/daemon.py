@@ -34,8 +34,9 @@ from cosched.metrics import CoschedCollector, serve
 from cosched.model import Snapshot
 from cosched.notify import Notifier
 from cosched.policy.auto import DECIDE_S, Auto
-from cosched.policy.plan import plan, pool_order
+from cosched.policy.plan import PlanConfig, pool_order
 from cosched.policy.presets import Presets
+from cosched.policy.resolve import resolve
 
 log = logging.getLogger("cosched.daemon")
 
@@ -128,7 +129,7 @@ class Daemon:
         self.config = new
         self.sampler.interval = new.sample_interval_ms / 1000.0
         self.sampler.budget = new.sample_budget_pct / 100.0
-        self.engine.reconfigure(new.reserved_cpus, new.max_stall_ms)
+        self.engine.reconfigure(new.max_stall_ms)
         self.presets = Presets.load(list(new.presets_dirs))
         log.info("action=reloaded changed=%s presets=%s errors=%d", ",".join(changed) or "-",
                  ",".join(sorted(self.presets.by_name)), len(self.presets.errors))
@@ -167,22 +168,27 @@ class Daemon:
         if snap is None:
             return
         # the pool of the last plan: less the CPUs dedicated and realtime guests hold
-        pool = len(self.engine.plan.pool or pool_order(snap.host, self.engine.reserved_cpus))
+        pool = len(self.engine.plan.pool or pool_order(snap.host, self.config.reserved_cpus))
         under_auto = any(d.policy is not None and d.policy.kind == "auto" for d in snap.domains)
         kvm = self.kvm.read(snap) if self.kvm is not None and under_auto else {}
         with self.auto_lock:
             if self.auto.step(time.monotonic(), snap, self.sampler.view(), self.engine.costop(), pool, kvm):
                 self._reconcile(snap)
 
+    def plan_config(self) -> PlanConfig:
+        """The planner's settings, from the configuration in force."""
+        c = self.config
+        return PlanConfig(reserved_cpus=tuple(c.reserved_cpus), max_stall_ms=c.max_stall_ms,
+                          switcher_priority=c.switcher_priority)
+
     def _reconcile(self, snap: Snapshot) -> None:
         """Plan ``snap`` with each auto guest under its mode in force; log every change of it."""
         with self.auto_lock:
-            cfg = self.engine.plan_config(snap)
             hosted = set(self.auto.hosted)
-            effective, changes = self.auto.settle(snap, lambda s: plan(s, cfg))
-            for name, old, new, why in changes:
+            resolved = resolve(snap, self.plan_config(), self.auto)
+            for name, old, new, why in resolved.changes:
                 log.info("domain=%s action=mode old=%s new=%s reason=%r", name, old, new, why)
-            now = self.engine.reconcile(effective)
+            now = self.engine.reconcile(resolved.snapshot, resolved.plan)
             for d in snap.domains:
                 if (d.uuid in hosted) != (d.uuid in self.auto.hosted):
                     slot = "own" if now.cell_of(d.uuid) else "free"
@@ -317,7 +323,7 @@ class Daemon:
             "preset_errors": list(self.presets.errors),
         }
         engine = {"paused": self.engine.paused, "max_stall_limit_ms": self.engine.max_stall_ms,
-                  "reserved_cpus": list(self.engine.reserved_cpus)}
+                  "reserved_cpus": list(self.config.reserved_cpus)}
         return report.document(snap, self.sampler.view(), self.engine.plan, self.engine.stats(), live, daemon, engine,
                                self.modes())
 

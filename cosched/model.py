@@ -22,6 +22,7 @@ class Host:
     cpu_v1_mount: str | None = None            # v1 cpu controller, if mounted
     rt_group_sched: bool = False               # SCHED_FIFO needs cpu.rt_runtime_us grants
     cpuset_v1_mount: str | None = None         # v1 cpuset controller, if mounted
+    rt_budget_us: int | None = None            # RT runtime the vCPU groups may share (RT group scheduling), else None
 
     def siblings(self, cpu: int) -> tuple[int, ...]:
         """SMT siblings of ``cpu`` (itself included)."""

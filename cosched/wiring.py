@@ -48,7 +48,7 @@ def build_daemon(config: Config, *, dry_run: bool = False, config_path: str | No
     libvirt = each.get("libvirt")
     # with the meter (the sampler's, while it runs), a switcher is told of boost guests' long waits
     engine = Engine(fs, Journal(config.journal_path),
-                    reserved_cpus=config.reserved_cpus, max_stall_ms=config.max_stall_ms,
+                    max_stall_ms=config.max_stall_ms,
                     switcher_priority=config.switcher_priority, dry_run=dry_run, resync=wake.set,
                     long_waits=lambda: sampler.meter.long_waits() if sampler.meter is not None else None)
     meter, why = None, 'meter = "off" in the configuration'

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, replace
 
 from cosched.annotation import AnnotationError, domain_policy, tag_policy
-from cosched.discovery.host import read_host
+from cosched.discovery.host import read_host, rt_budget
 from cosched.discovery.threads import Placed, find_qemu_pid, vcpu_threads
 from cosched.hostfs import HostFS, parse_cpu_list
 from cosched.discovery.cputune import parse_cputune
@@ -102,6 +102,7 @@ def build_snapshot(fs: HostFS, facts, presets: Presets, default_preset: str,
     )
     if placed is not None:
         placed.keep({d.pid for d in domains if d.pid})
+    host = replace(host, rt_budget_us=rt_budget(fs, host, domains))
     return Snapshot(host=host, domains=domains, taken_at=time.monotonic(), libvirt_connected=connected)
 
 

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import re
 
+from cosched.actuators.rt_runtime import read_runtime
 from cosched.hostfs import HostFS, find_mount, mounts, parse_cpu_list
-from cosched.model import Host
+from cosched.model import Domain, Host
 
 _NODE = re.compile(r"node(\d+)$")
 
@@ -48,3 +49,26 @@ def read_host(fs: HostFS) -> Host:
     rt_group = cpu_mount is not None and fs.exists(f"{cpu_mount}/cpu.rt_runtime_us")
     return Host(cpus=online, core_of=core_of, node_of=node_of, cgroup=mode, cgroup2_mount=mount,
                 cpu_v1_mount=cpu_mount, rt_group_sched=rt_group, cpuset_v1_mount=find_mount(found, "cgroup", "cpuset"))
+
+
+def rt_budget(fs: HostFS, host: Host, domains: tuple[Domain, ...]) -> int | None:
+    """RT runtime the vCPU groups may share on a kernel with RT group
+    scheduling: the root's, less what top groups other than the guests' hold
+    (None without RT group scheduling, or where the root is unreadable)."""
+    if not host.rt_group_sched:
+        return None
+    try:
+        root = read_runtime(fs, f"{host.cpu_v1_mount}/cpu.rt_runtime_us")
+    except (OSError, ValueError):
+        return None
+    root = 950_000 if root < 0 else root
+    ours = {host.rt_chain(v)[0] for d in domains for v in d.vcpus if host.rt_chain(v)}
+    others = 0
+    for entry in fs.listdir(host.cpu_v1_mount):
+        path = f"{host.cpu_v1_mount}/{entry}/cpu.rt_runtime_us"
+        if path not in ours and fs.exists(path):
+            try:
+                others += max(read_runtime(fs, path), 0)
+            except (OSError, ValueError):
+                pass
+    return max(root - others, 0)

@@ -25,13 +25,12 @@ from typing import Callable
 from cosched.actuators import journal as jr
 from cosched.actuators import knobs
 from cosched.actuators.affinity import AffinityKnob
-from cosched.actuators.rt_runtime import read_runtime
 from cosched.actuators.sched import SchedAttr, SchedKnob, thread_start
 from cosched.engine.supervisor import EngineStats, Supervisor, spawn_switcher
 from cosched.engine.undo import restore, undo
 from cosched.hostfs import HostFS
 from cosched.model import Snapshot
-from cosched.policy.plan import Plan, PlanConfig, plan, untouchable
+from cosched.policy.plan import Plan, untouchable
 from cosched.switcher import protocol as pr
 
 __all__ = ["Engine", "EngineStats"]
@@ -51,16 +50,14 @@ class Engine:
     pinning that only a running rotation may keep) at once.
     """
 
-    def __init__(self, fs: HostFS, journal: jr.Journal, *, reserved_cpus=(), max_stall_ms: int = 500,
+    def __init__(self, fs: HostFS, journal: jr.Journal, *, max_stall_ms: int = 500,
                  switcher_priority: int = 50, dry_run: bool = False, sched: SchedKnob | None = None,
                  affinity: AffinityKnob | None = None, switcher_factory: Callable[[dict], object] = spawn_switcher,
                  resync: Callable[[], None] = lambda: None,
                  long_waits: Callable[[], dict[str, int] | None] = lambda: None):
         self.fs = fs
         self.journal = journal
-        self.reserved_cpus = tuple(reserved_cpus)
         self.max_stall_ms = max_stall_ms
-        self.switcher_priority = switcher_priority
         self.dry_run = dry_run
         self.sched = sched if sched is not None else SchedKnob(fs)
         self.knobs = knobs(fs, self.sched, affinity)
@@ -77,10 +74,9 @@ class Engine:
                                    undo=lambda: self._undo(kinds=("sched", "freeze", "rt", "affinity")),
                                    frozen=self._frozen, resync=resync, journal_damage=len(journal.damage))
 
-    def reconfigure(self, reserved_cpus, max_stall_ms: int) -> None:
-        """A reload's new ``reserved_cpus`` and ``max_stall_ms``, from the next plan on."""
-        self.reserved_cpus, self.max_stall_ms = tuple(reserved_cpus), max_stall_ms
-        self.switcher.max_stall_ms = max_stall_ms
+    def reconfigure(self, max_stall_ms: int) -> None:
+        """A reload's new ``max_stall_ms``, from the next plan on."""
+        self.max_stall_ms = self.switcher.max_stall_ms = max_stall_ms
 
     def stats(self) -> EngineStats:
         """A private copy of the switcher's accumulated figures, safe to read without a lock."""
@@ -90,43 +86,16 @@ class Engine:
         """Seconds each (uuid, vCPU) has been held frozen, cumulative."""
         return self.switcher.costop()
 
-    # -- planning -------------------------------------------------------
-    def plan_config(self, snap: Snapshot) -> PlanConfig:
-        return PlanConfig(reserved_cpus=self.reserved_cpus, max_stall_ms=self.max_stall_ms,
-                          switcher_priority=self.switcher_priority, rt_budget_us=self._rt_budget(snap))
-
-    def _rt_budget(self, snap: Snapshot) -> int | None:
-        """RT runtime the vCPU groups may share: the root's, less what other top groups hold."""
-        host = snap.host
-        if not host.rt_group_sched:
-            return None
-        try:
-            root = read_runtime(self.fs, f"{host.cpu_v1_mount}/cpu.rt_runtime_us")
-        except (OSError, ValueError):
-            return None
-        root = 950_000 if root < 0 else root
-        ours = {host.rt_chain(v)[0] for d in snap.domains for v in d.vcpus if host.rt_chain(v)}
-        others = 0
-        for entry in self.fs.listdir(host.cpu_v1_mount):
-            path = f"{host.cpu_v1_mount}/{entry}/cpu.rt_runtime_us"
-            if path not in ours and self.fs.exists(path):
-                try:
-                    others += max(read_runtime(self.fs, path), 0)
-                except (OSError, ValueError):
-                    pass
-        return max(root - others, 0)
-
     # -- reconcile ------------------------------------------------------
-    def reconcile(self, snap: Snapshot) -> Plan:
+    def reconcile(self, snap: Snapshot, new: Plan) -> Plan:
+        """Apply ``new``, the plan of ``snap`` (:func:`cosched.policy.resolve.resolve`)."""
         with self.op_lock:
-            return self._reconcile(snap)
+            return self._reconcile(snap, new)
 
-    def _reconcile(self, snap: Snapshot) -> Plan:
+    def _reconcile(self, snap: Snapshot, new: Plan) -> Plan:
         if not (self.dry_run or self.paused) and self._place(snap):
             self.switcher.resync()           # the next snapshot sees the new cgroups; planned then
-        cfg = self.plan_config(snap)
-        self._rt_top = cfg.rt_budget_us
-        new = plan(snap, cfg)
+        self._rt_top = snap.host.rt_budget_us
         if new != self.plan:
             for uuid, reason in new.rejected.items():
                 if self.plan.rejected.get(uuid) != reason:

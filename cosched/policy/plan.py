@@ -25,7 +25,6 @@ class PlanConfig:
     reserved_cpus: tuple[int, ...] = ()
     max_stall_ms: int = 500
     switcher_priority: int = 50
-    rt_budget_us: int | None = None      # None: no RT group scheduling, no limit
     rt_period_us: int = 1_000_000
 
 
@@ -305,17 +304,18 @@ def _balanced(n: int, slots: list[int], index_on: dict[tuple[int, int], int]) ->
     return cpus
 
 
-def _rt_budgets(cells: list[Cell], cfg: PlanConfig) -> list[Cell]:
-    """Split the RT budget among boosted vCPUs; turn boost off where it cannot last."""
+def _rt_budgets(cells: list[Cell], budget_us: int | None, cfg: PlanConfig) -> list[Cell]:
+    """Split the host's RT budget (None: no RT group scheduling, no limit)
+    among boosted vCPUs; turn boost off where it cannot last."""
     def boosted(cs):
         return [v for c in cs for m in c.members if (m.priority or m.boost_ms) and m.vcpus[0].rt_chain
                 for v in m.vcpus]
-    if cfg.rt_budget_us is None or not boosted(cells):
+    if budget_us is None or not boosted(cells):
         return cells
     out = list(cells)
     # cells whose members need the largest share lose their boost first
     while boosted(out):
-        share = cfg.rt_budget_us // len(boosted(out))
+        share = budget_us // len(boosted(out))
         worst = None
         for i, c in enumerate(out):
             need = max((m.slot_ms / c.cycle_ms for m in c.members if m.priority), default=0.0)
@@ -448,5 +448,5 @@ def plan(snapshot: Snapshot, cfg: PlanConfig) -> Plan:
     cells = (_gang(by_kind["gang"], by_kind[HOSTED], host, pool, cfg, allowed, rejected)
              + _packed("partial", by_kind["partial"], host, pool, cfg, allowed, rejected))
     watched = _watched(by_kind[BOOST] + by_kind[RELAXED], host, pool, allowed, rejected)
-    return Plan(tuple(_lone_relaxed(_rt_budgets(cells + watched, cfg))), rejected, left_alone,
+    return Plan(tuple(_lone_relaxed(_rt_budgets(cells + watched, host.rt_budget_us, cfg))), rejected, left_alone,
                 {u: a for u, a in allowed.items() if a}, pool=tuple(sorted(pool)))

@@ -235,3 +235,10 @@ class FakeAffinity:
 
     def knob(self, fs):
         return AffinityKnob(fs, get=self.get, set=self.set)
+
+
+def reconcile(engine, snap):
+    """What the daemon does with a snapshot of guests not under ``auto``:
+    plan it with the engine's ``max_stall_ms``, and have the engine apply it."""
+    from cosched.policy.plan import PlanConfig, plan
+    return engine.reconcile(snap, plan(snap, PlanConfig(max_stall_ms=engine.max_stall_ms)))

@@ -3,7 +3,7 @@ import json
 import shutil
 
 import pytest
-from tests.support.fakehost import FakeAffinity, FakeSched, ThreadSwitcher
+from tests.support.fakehost import FakeAffinity, FakeSched, ThreadSwitcher, reconcile
 
 from cosched.actuators.journal import Journal
 from cosched.annotation import AnnotationError, tag_policy
@@ -158,7 +158,7 @@ def test_a_process_guest_is_pinned_through_its_threads_and_restored(fake, fs, tm
     engine = Engine(fs, journal, sched=knob, affinity=affinity.knob(fs),
                     switcher_factory=ThreadSwitcher.factory(fs, knob))
     try:
-        engine.reconcile(snap)
+        reconcile(engine, snap)
         assert affinity.now == {101: (0,), 102: (1,), 201: (0,), 202: (1,)}
         assert sorted(e["kind"] for e in journal.entries.values() if e["kind"] == "affinity") == ["affinity"] * 4
     finally:
@@ -214,14 +214,14 @@ def test_a_proxmox_guest_gets_per_vcpu_cgroups_is_frozen_per_vcpu_and_given_back
     engine = Engine(fs, journal, sched=knob, affinity=FakeAffinity().knob(fs),
                     switcher_factory=ThreadSwitcher.factory(fs, knob), resync=lambda: resyncs.append(1))
     try:
-        first = engine.reconcile(build())
+        first = reconcile(engine, build())
         assert resyncs and not first.cells                     # moved first, planned on the next snapshot
         assert "not (yet) in per-vCPU cgroups" in first.rejected[f"{UUID[:-1]}0"]
         snap = build()
         assert [v.cgroup2 for v in snap.domains[0].vcpus] == ["/qemu.slice/8006.scope/vcpu0",
                                                                "/qemu.slice/8006.scope/vcpu1"]
         assert fs.read("/sys/fs/cgroup/qemu.slice/8006.scope/vcpu0/cgroup.type") == "threaded"
-        plan = engine.reconcile(snap)
+        plan = reconcile(engine, snap)
         assert [m.name for m in plan.cells[0].members] == ["vm8006", "vm8007"]
         frozen = lambda vmid: fs.read(f"/sys/fs/cgroup/qemu.slice/{vmid}.scope/vcpu0/cgroup.freeze")
         assert sorted([frozen(8006), frozen(8007)]) == ["0", "1"]
@@ -230,7 +230,7 @@ def test_a_proxmox_guest_gets_per_vcpu_cgroups_is_frozen_per_vcpu_and_given_back
         assert any('"freeze"' in json.dumps(journal.entries[k]) for k in mine()), mine()
         for pid in (200, 201, 202):                               # the process, and its threads at /proc/TID
             shutil.rmtree(tmp_path / f"proc/{pid}")
-        engine.reconcile(build())
+        reconcile(engine, build())
         assert mine() == [] and not (tmp_path / "sys/fs/cgroup/qemu.slice/8007.scope/vcpu0").exists()
     finally:
         assert engine.release() == []

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from tests.support.fakehost import FakeAffinity, FakeSched, ThreadSwitcher
+from tests.support.fakehost import FakeAffinity, FakeSched, ThreadSwitcher, reconcile
 
 from cosched.actuators.journal import Journal
 from cosched.actuators.sched import SchedAttr
@@ -45,7 +45,7 @@ def test_reconcile_journals_pins_after_the_rotation_and_restores(fake, fs, tmp_p
     sched.attrs = {101: SchedAttr("batch", nice=4)}
     engine = engine_for(fs, journal, affinity, sched)
     try:
-        plan = engine.reconcile(snapshot(fake, fs, 2))
+        plan = reconcile(engine, snapshot(fake, fs, 2))
         assert [m.name for m in plan.cells[0].members] == ["vm0", "vm1"]
         # originals journaled: freeze files, thread policies, pinning
         kinds = sorted({e["kind"] for e in journal.entries.values()})
@@ -63,7 +63,7 @@ def test_reconcile_journals_pins_after_the_rotation_and_restores(fake, fs, tmp_p
         assert ("0", "0") not in seen and any(s.count("0") == 1 for s in seen), seen
         # reconcile by difference: nothing new to pin
         affinity.calls.clear()
-        engine.reconcile(snapshot(fake, fs, 2))
+        reconcile(engine, snapshot(fake, fs, 2))
         assert affinity.calls == []
     finally:
         problems = engine.release()
@@ -78,12 +78,12 @@ def test_guest_leaving_management_is_unpinned_and_thawed(fake, fs, tmp_path):
     affinity = FakeAffinity()
     engine = engine_for(fs, journal, affinity)
     try:
-        engine.reconcile(snapshot(fake, fs, 3))
+        reconcile(engine, snapshot(fake, fs, 3))
         none = GANG.replace('name="gang"', 'name="none"')
         snap = snapshot(fake, fs, 3)
         facts = [DomainFacts(d.name, d.uuid, none if d.name == "vm2" else GANG) for d in snap.domains]
         from cosched.discovery import build_snapshot as rebuild
-        engine.reconcile(rebuild(fs, facts, Presets.load([]), "none"))
+        reconcile(engine, rebuild(fs, facts, Presets.load([]), "none"))
         assert affinity.get(301) == (0, 1)
         assert freeze_file(fake, 2, 0).read_text() == "0"
         assert [m.name for m in engine.plan.cells[0].members] == ["vm0", "vm1"]
@@ -95,7 +95,7 @@ def test_dry_run_writes_nothing(fake, fs, tmp_path):
     journal = Journal(str(tmp_path / "run/journal"))
     affinity = FakeAffinity()
     engine = engine_for(fs, journal, affinity, dry_run=True)
-    plan = engine.reconcile(snapshot(fake, fs, 2))
+    plan = reconcile(engine, snapshot(fake, fs, 2))
     assert plan.cells and affinity.calls == [] and len(journal) == 0
     assert engine.switcher.proc is None and sched_untouched(engine)
 
@@ -113,7 +113,7 @@ def test_a_boosted_rotation_returns_threads_to_their_recorded_attributes(fake, f
     sched.attrs = dict(originals)
     engine = engine_for(fs, journal, FakeAffinity(), sched)
     try:
-        plan = engine.reconcile(snapshot(fake, fs, 2, xml=boost))
+        plan = reconcile(engine, snapshot(fake, fs, 2, xml=boost))
         assert plan.cells[0].members[0].priority > 0
         assert sched.attrs[101].policy == "fifo" and sched.attrs[201] == originals[201]
         assert engine.stats().realtime is True
@@ -137,7 +137,7 @@ def test_a_thread_whose_original_could_not_be_read_is_never_boosted(fake, fs, tm
     sched = Unreadable()
     engine = engine_for(fs, Journal(str(tmp_path / "run/journal")), FakeAffinity(), sched)
     try:
-        engine.reconcile(snapshot(fake, fs, 2, xml=boost))
+        reconcile(engine, snapshot(fake, fs, 2, xml=boost))
         assert all(tid not in (101, 102) for tid, _ in sched.calls)       # vm0 unboosted: 102 unrecorded
     finally:
         engine.release()
@@ -154,7 +154,7 @@ def test_a_dead_switcher_is_undone_and_replaced_at_once(fake, fs, tmp_path):
                     resync=asked.set)
     try:
         snap = snapshot(fake, fs, 2)
-        engine.reconcile(snap)
+        reconcile(engine, snap)
         assert [freeze_file(fake, i, 0).read_text() for i in range(2)] == ["0", "1"]
         time.sleep(1.0)                                   # one that dies at once is not restarted in a loop
         first = engine.switcher.proc
@@ -163,7 +163,7 @@ def test_a_dead_switcher_is_undone_and_replaced_at_once(fake, fs, tmp_path):
         assert asked.wait(5), "the daemon was not asked to resync"
         assert all(freeze_file(fake, i, v).read_text() == "0" for i in range(2) for v in range(2))
         assert all(c == (0, 1) for c in affinity.now.values())      # no pinning without a rotation
-        engine.reconcile(snap)                            # the resync it asked for
+        reconcile(engine, snap)                            # the resync it asked for
         assert engine.switcher.proc is not first and engine.switcher.proc.poll() is None
         assert sorted(freeze_file(fake, i, 0).read_text() for i in range(2)) == ["0", "1"]
     finally:
@@ -182,7 +182,7 @@ def test_a_new_switcher_is_told_which_vcpus_the_daemon_returned_from_deadline_bo
                     switcher_factory=ThreadSwitcher.factory(fs, knob), resync=asked.set)
     try:
         snap = snapshot(fake, fs, 1, xml=GANG.replace('name="gang" quantum-ms="200"', 'name="boost"'))
-        engine.reconcile(snap)
+        reconcile(engine, snap)
         assert engine.switcher.sent.cells[0].mode == "boost"
         assert [v.quiet_until for v in engine.switcher.sent.cells[0].members[0].vcpus] == [0, 0]
         time.sleep(1.0)
@@ -193,7 +193,7 @@ def test_a_new_switcher_is_told_which_vcpus_the_daemon_returned_from_deadline_bo
         assert asked.wait(5), "the daemon was not asked to resync"
         assert sched.attrs[102] == SchedAttr()
         restored = time.monotonic_ns()
-        engine.reconcile(snap)
+        reconcile(engine, snap)
         assert engine.switcher.proc is not first
         quiet = [v.quiet_until for v in engine.switcher.sent.cells[0].members[0].vcpus]
         assert quiet[0] == 0 and restored - 2e9 < quiet[1] - knob._zero.period_ns <= restored, quiet
@@ -226,13 +226,13 @@ def test_a_new_switcher_slow_to_start_is_not_taken_for_stalled(fake, fs, tmp_pat
                     switcher_factory=factory, resync=asked.set)
     try:
         snap = snapshot(fake, fs, 2)
-        engine.reconcile(snap)
+        reconcile(engine, snap)
         time.sleep(1.0)
         made[0].switcher.release_all = lambda: None       # killed: it cleans nothing up itself
         made[0].kill()
         assert asked.wait(5), "the daemon was not asked to resync"
         started = time.monotonic()
-        engine.reconcile(snap)
+        reconcile(engine, snap)
         assert len(made) == 2 and made[1].poll() is None and not getattr(made[1], "stalled", False)
         assert time.monotonic() - started < 5
         assert sorted(freeze_file(fake, i, 0).read_text() for i in range(2)) == ["0", "1"]
@@ -257,7 +257,7 @@ def test_a_silent_switcher_is_killed_and_what_it_froze_is_thawed(fake, fs, tmp_p
     engine = Engine(fs, journal, affinity=FakeAffinity().knob(fs), sched=knob, switcher_factory=ThreadSwitcher.factory(fs, knob),
                     resync=asked.set, max_stall_ms=400)
     try:
-        engine.reconcile(snapshot(fake, fs, 2))
+        reconcile(engine, snapshot(fake, fs, 2))
         first = engine.switcher.proc                              # killed within its first second: replaced all the same
         first.switcher.release_all = lambda: None         # killed: it cleans nothing up itself
         first.switcher.tick = lambda: exited.wait()       # stuck: no slot changes, no reports
@@ -286,14 +286,14 @@ def test_a_switcher_given_work_after_a_quiet_spell_is_not_taken_for_stalled(fake
                     max_stall_ms=400)
     try:
         snap = snapshot(fake, fs, 2, xml="<domain/>")      # no policy: nothing to switch
-        engine.reconcile(snap)
+        reconcile(engine, snap)
         first = engine.switcher.proc
         assert first is not None and first.poll() is None
         for _ in range(3):                                 # quiet spells ending at different points of a second
             time.sleep(0.85)
-            engine.reconcile(snapshot(fake, fs, 2))
+            reconcile(engine, snapshot(fake, fs, 2))
             time.sleep(0.3)
-            engine.reconcile(snap)
+            reconcile(engine, snap)
         assert engine.switcher.proc is first and engine.stats().forced_thaws == 0, engine.stats().errors
     finally:
         assert engine.release() == []

@@ -7,11 +7,12 @@ from cosched.policy.params import resolve
 from cosched.policy.plan import FREEZE, HOSTED, PlanConfig, plan, pool_order
 
 
-def host(cpus=2, smt=1, nodes=1, rt=False):
+def host(cpus=2, smt=1, nodes=1, rt=False, rt_budget_us=None):
     per_node = cpus // nodes
     return Host(cpus=tuple(range(cpus)), core_of={c: (c // per_node, c // smt) for c in range(cpus)},
                 node_of={c: c // per_node for c in range(cpus)}, cgroup="hybrid",
-                cgroup2_mount="/sys/fs/cgroup/unified", cpu_v1_mount="/sys/fs/cgroup/cpu", rt_group_sched=rt)
+                cgroup2_mount="/sys/fs/cgroup/unified", cpu_v1_mount="/sys/fs/cgroup/cpu", rt_group_sched=rt,
+                rt_budget_us=rt_budget_us)
 
 
 def dom(name, kind="gang", vcpus=2, **params):
@@ -172,20 +173,19 @@ def test_priority_stays_below_the_switcher():
 
 
 def test_rt_group_sched_budget_turns_boost_off_when_too_small():
-    h = host(2, rt=True)
-    p = plan(snap(h, dom("a"), dom("b"), dom("c")), PlanConfig(rt_budget_us=950_000))
+    p = plan(snap(host(2, rt=True, rt_budget_us=950_000), dom("a"), dom("b"), dom("c")), PlanConfig())
     (cell,) = p.cells
     assert all(m.priority == 0 for m in cell.members) and "freeze-only" in cell.note
     # a big enough budget (e.g. longer cycles on bigger hosts) keeps boosts on
-    p = plan(snap(h, dom("a"), dom("b"), dom("c")), PlanConfig(rt_budget_us=950_000 * 10))
+    p = plan(snap(host(2, rt=True, rt_budget_us=950_000 * 10), dom("a"), dom("b"), dom("c")), PlanConfig())
     assert all(m.priority == 1 and m.rt_vcpu_us for m in p.cells[0].members)
     assert p.cells[0].members[0].vcpus[0].rt_chain[-1] == "/sys/fs/cgroup/cpu/machine/a/vcpu0/cpu.rt_runtime_us"
 
 
 def test_relaxed_boosts_get_rt_runtime_where_rt_group_scheduling_needs_it():
     # pinned for balance, a relaxed vCPU cannot take SCHED_DEADLINE; its FIFO boosts need a grant
-    h = host(2, rt=True)
-    p = plan(snap(h, dom("a", kind="relaxed"), dom("b", kind="relaxed", boost=False)), PlanConfig(rt_budget_us=950_000))
+    h = host(2, rt=True, rt_budget_us=950_000)
+    p = plan(snap(h, dom("a", kind="relaxed"), dom("b", kind="relaxed", boost=False)), PlanConfig())
     a, b = (c.members[0] for c in sorted(p.cells, key=lambda c: c.id))
     assert a.boost_ms and a.rt_vcpu_us == 950_000 // 2        # boost is on by default
     assert a.vcpus[1].rt_chain[-1] == "/sys/fs/cgroup/cpu/machine/a/vcpu1/cpu.rt_runtime_us"
