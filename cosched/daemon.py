@@ -127,8 +127,7 @@ class Daemon:
             new = replace(new, **{k: getattr(self.config, k) for k in fixed})
         changed = [f.name for f in fields(Config) if getattr(new, f.name) != getattr(self.config, f.name)]
         self.config = new
-        self.sampler.interval = new.sample_interval_ms / 1000.0
-        self.sampler.budget = new.sample_budget_pct / 100.0
+        self.sampler.reconfigure(new.sample_interval_ms / 1000.0, new.sample_budget_pct / 100.0)
         self.engine.reconfigure(new.max_stall_ms)
         self.presets = Presets.load(list(new.presets_dirs))
         log.info("action=reloaded changed=%s presets=%s errors=%d", ",".join(changed) or "-",

@@ -46,11 +46,6 @@ def build_daemon(config: Config, *, dry_run: bool = False, config_path: str | No
     each = {name: found[name]() for name in names}
     source = Sources(each.values())
     libvirt = each.get("libvirt")
-    # with the meter (the sampler's, while it runs), a switcher is told of boost guests' long waits
-    engine = Engine(fs, Journal(config.journal_path),
-                    max_stall_ms=config.max_stall_ms,
-                    switcher_priority=config.switcher_priority, dry_run=dry_run, resync=wake.set,
-                    long_waits=lambda: sampler.meter.long_waits() if sampler.meter is not None else None)
     meter, why = None, 'meter = "off" in the configuration'
     if config.meter == "auto":
         try:
@@ -63,9 +58,13 @@ def build_daemon(config: Config, *, dry_run: bool = False, config_path: str | No
         log.info("action=observe source=meter")
     else:
         log.info("action=observe source=proc reason=%r", why)
+    # with the meter, while it runs, a switcher is told of boost guests' long waits
+    engine = Engine(fs, Journal(config.journal_path), max_stall_ms=config.max_stall_ms,
+                    switcher_priority=config.switcher_priority, dry_run=dry_run, resync=wake.set,
+                    long_waits=meter.long_waits if meter is not None else lambda: None)
     sampler = Sampler(fs, config.sample_interval_ms / 1000.0, latest.get, wake.set, costop=engine.costop,
-                      budget=config.sample_budget_pct / 100.0, meter=meter)
-    sampler.meter_error = None if meter is not None else why
+                      budget=config.sample_budget_pct / 100.0, meter=meter,
+                      meter_error=None if meter is not None else why)
     kvm = KvmStats(fs, libvirt.vcpu_stats if libvirt else None)
     return Daemon(config, fs=fs, source=source, engine=engine, sampler=sampler, latest=latest, wake=wake,
                   dry_run=dry_run, config_path=config_path, overrides=overrides, kvm=kvm, stop=stop)

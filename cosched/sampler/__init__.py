@@ -147,10 +147,10 @@ class Sampler:
     def __init__(self, fs: HostFS, interval: float, snapshot: Callable[[], Snapshot | None],
                  on_vanished: Callable[[], None] = lambda: None,
                  costop: Callable[[], dict[tuple[str, int], float]] = dict, budget: float = 0.02,
-                 meter: Meter | None = None):
+                 meter: Meter | None = None, meter_error: str | None = None):
         self.fs = fs
         self.meter = meter
-        self.meter_error: str | None = None     # why the meter is not in use: not loaded (set by wiring), or failed
+        self.meter_error = meter_error           # why the meter is not in use: not loaded, or failed
         self._metered: dict[str, tuple[int, tuple[int, ...]]] = {}  # uuid -> (the meter's guest number, its tids)
         self._numbers = iter(range(1, 1 << 31))
         self.interval = interval
@@ -260,6 +260,10 @@ class Sampler:
                 stats.metered = (0.0, 0.0)
         except OSError as e:
             self._meter_off(e)
+
+    def reconfigure(self, interval: float, budget: float) -> None:
+        """A reload's sampling interval (seconds) and CPU budget (fraction of one CPU), from the next pass on."""
+        self.interval, self.budget = interval, budget
 
     def _meter_off(self, error: OSError) -> None:
         self.meter_error = str(error)

@@ -178,10 +178,13 @@ class Meter:
             raise
         return cls(lib, obj, links, fds)
 
-    def long_waits(self) -> dict[str, int]:
+    def long_waits(self) -> dict[str, int] | None:
         """The descriptors of the long-wait reports (:class:`LongWaits`), for
         a new switcher: nothing watched yet (what one killed had asked for
-        is dropped)."""
+        is dropped). None once the meter is closed (the sampler turned it
+        off): the switcher then finds long waits by its looks."""
+        if self.obj is None:
+            return None
         first = ctypes.c_uint32()
         while self.lib.bpf_map_get_next_key(self.fds["watched"], None, ctypes.byref(first)) == 0:
             if _drop(self.lib, self.fds["watched"], first.value) != 0:
