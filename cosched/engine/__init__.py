@@ -247,13 +247,8 @@ class Engine:
                     e["tid"], e["start_time"]) in done):
                 log.warning("action=unplace-failed %s", problem)
         # then what is gone, those directories' files with them, in the same pass
-        running = {d.uuid for d in snap.domains}
-        gone = []
-        for key, e in self.journal.entries.items():
-            kind = e.get("kind")
-            if kind in self.knobs and not self.knobs[kind].exists(e):
-                gone.append(key)
-        self.journal.forget(gone)
+        self.journal.forget([key for key, e in self.journal.entries.items()
+                             if e.get("kind") in self.knobs and not self.knobs[e["kind"]].exists(e)])
 
     # -- the switcher ---------------------------------------------------
     def _message(self, p: Plan) -> pr.Plan:
