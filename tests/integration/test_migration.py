@@ -20,7 +20,6 @@ they were.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import libvirt
 import pytest

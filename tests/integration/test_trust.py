@@ -16,7 +16,6 @@ import os
 import pwd
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import uuid as uuidlib

@@ -1,18 +1,9 @@
 """The scheduling guard of the tests themselves: no test reaches a thread that is not its own."""
-import contextlib
 import os
-import threading
-import time
 
 import pytest
-from tests.support.fakehost import FakeAffinity, FakeSched
 
-from cosched.actuators import journal as jr
-from cosched.actuators.freezer import FreezerKnob
-from cosched.actuators.rt_runtime import RtRuntimeKnob
-from cosched.actuators.sched import (LEAVE_MARGIN_NS, SchedAttr, SchedKnob, get_attr, kernel_clock_offset, set_attr,
-                                     zero_bandwidth)
-from cosched.hostfs import HostFS
+from cosched.actuators.sched import (SchedAttr, set_attr)
 
 
 def test_the_guard_refuses_a_thread_that_is_not_a_test_guest(tmp_path, monkeypatch):

@@ -1,17 +1,11 @@
 """The scheduling knob against the real kernel, on threads of this test and of synthetic test guests (root)."""
-import contextlib
 import os
 import threading
 import time
 
-import pytest
-from tests.support.fakehost import FakeAffinity, FakeSched
+from tests.support.fakehost import FakeSched
 
-from cosched.actuators import journal as jr
-from cosched.actuators.freezer import FreezerKnob
-from cosched.actuators.rt_runtime import RtRuntimeKnob
-from cosched.actuators.sched import (LEAVE_MARGIN_NS, SchedAttr, SchedKnob, get_attr, kernel_clock_offset, set_attr,
-                                     zero_bandwidth)
+from cosched.actuators.sched import (SchedAttr, SchedKnob, get_attr, kernel_clock_offset, set_attr, zero_bandwidth)
 from cosched.hostfs import HostFS
 
 

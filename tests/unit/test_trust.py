@@ -1,6 +1,5 @@
 """The processes source manages only the QEMU the platform started: executable, file and user checked."""
 import os
-import stat
 
 import pytest
 

@@ -2,7 +2,6 @@
 recount (one cpuset write), on fake system calls and a fake cgroup tree."""
 import errno
 import os
-import threading
 
 import pytest
 

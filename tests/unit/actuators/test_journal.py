@@ -1,18 +1,11 @@
 """The state journal and the knobs that restore its entries, on fake trees."""
-import contextlib
-import os
-import threading
-import time
 
-import pytest
 from tests.support.fakehost import FakeAffinity, FakeSched
 
 from cosched.actuators import journal as jr
 from cosched.actuators.freezer import FreezerKnob
 from cosched.actuators.rt_runtime import RtRuntimeKnob
-from cosched.actuators.sched import (LEAVE_MARGIN_NS, SchedAttr, SchedKnob, get_attr, kernel_clock_offset, set_attr,
-                                     zero_bandwidth)
-from cosched.hostfs import HostFS
+from cosched.actuators.sched import (SchedAttr, SchedKnob)
 
 
 def knobs(fs, sched=None, affinity=None):

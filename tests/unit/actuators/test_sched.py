@@ -1,18 +1,11 @@
 """The scheduling knob (boosts and their returns) on a fake host: SCHED_DEADLINE's zero reservation, straight returns, fresh budgets, admission shares."""
 import contextlib
-import os
 import threading
-import time
 
 import pytest
-from tests.support.fakehost import FakeAffinity, FakeSched
+from tests.support.fakehost import FakeSched
 
-from cosched.actuators import journal as jr
-from cosched.actuators.freezer import FreezerKnob
-from cosched.actuators.rt_runtime import RtRuntimeKnob
-from cosched.actuators.sched import (LEAVE_MARGIN_NS, SchedAttr, SchedKnob, get_attr, kernel_clock_offset, set_attr,
-                                     zero_bandwidth)
-from cosched.hostfs import HostFS
+from cosched.actuators.sched import (LEAVE_MARGIN_NS, SchedAttr, SchedKnob, kernel_clock_offset, zero_bandwidth)
 
 from tests.unit.actuators.test_journal import threads
 

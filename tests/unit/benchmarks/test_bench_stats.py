@@ -289,7 +289,6 @@ def test_the_results_file_holds_every_finished_run_of_an_interrupted_suite(tmp_p
 
 
 def test_a_resumed_suite_keeps_finished_units_and_measures_a_half_done_one_again(tmp_path, capsys):
-    import json
     from benchmarks.report import summary
     from benchmarks import commit
     from benchmarks.suite import Record, main, units

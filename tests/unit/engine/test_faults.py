@@ -24,7 +24,7 @@ import time
 import pytest
 from tests.support.fakehost import CgroupEventsFS, FakeAffinity, FakeSched, ThreadSwitcher, reconcile
 from tests.support.soak import record
-from tests.unit.engine.test_engine import GANG, UUIDS, freeze_file, snapshot
+from tests.unit.engine.test_engine import GANG, freeze_file, snapshot
 from tests.unit.switcher.test_switcher import CPU, Clock, gang, member, tree
 
 from cosched.actuators import journal as jr
