@@ -13,8 +13,9 @@ first pin; restoring sets it back.
 from __future__ import annotations
 
 import os
+from typing import Mapping
 
-from cosched.actuators.journal import Gone
+from cosched.actuators.journal import Gone, Target, thread_entry, thread_key
 from cosched.actuators.sched import thread_start
 from cosched.hostfs import HostFS
 
@@ -36,12 +37,13 @@ class AffinityKnob:
 
     @staticmethod
     def key(tid: int, start_time: int) -> str:
-        return f"{KIND}:{tid}:{start_time}"
+        return thread_key(KIND, tid, start_time)
 
-    def record(self, tid: int, start_time: int, **about) -> tuple[str, dict]:
-        """The journal entry holding the thread's affinity now; ``about`` names it in messages."""
-        return self.key(tid, start_time), {"kind": KIND, **about, "tid": tid, "start_time": start_time,
-                                           "cpus": list(self.get(tid))}
+    def record(self, target: Target, known: Mapping[str, dict]) -> dict[str, dict]:
+        """The thread's affinity now, unless already known."""
+        if self.key(target.tid, target.start_time) in known:
+            return {}
+        return thread_entry(KIND, target, cpus=list(self.get(target.tid)))
 
     def apply(self, tid: int, cpus) -> None:
         self.set(tid, tuple(cpus))

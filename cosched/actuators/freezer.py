@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import time
 
-from cosched.actuators.journal import FileKnob
+from cosched.actuators.journal import FileKnob, Target
 from cosched.hostfs import HostFS, OpenFile
 from cosched.kernel import events_frozen
 
@@ -112,9 +112,12 @@ class Freezer:
 
 
 class FreezerKnob(FileKnob):
-    """Record, restore and verify ``cgroup.freeze`` files."""
+    """Record, restore and verify ``cgroup.freeze`` files: each vCPU's own."""
 
     kind = KIND
+
+    def paths(self, target: Target) -> tuple[str, ...]:
+        return (target.freeze,) if target.freeze else ()
 
     def verify(self, entry: dict) -> bool:
         if not super().verify(entry):

@@ -34,6 +34,7 @@ import logging
 import os
 import threading
 import zlib
+from dataclasses import dataclass
 from typing import Callable, Mapping, Protocol
 
 log = logging.getLogger("cosched.journal")
@@ -51,18 +52,53 @@ class Gone(Exception):
     domain stopped): there is nothing left to restore."""
 
 
+@dataclass(frozen=True)
+class Target:
+    """One vCPU thread of a guest, as every knob is given it to record what it may change."""
+
+    name: str                           # the guest's, for messages
+    uuid: str
+    vcpu: int                           # the vCPU's index
+    tid: int
+    start_time: int                     # the thread's, so that a reused TID is not taken for it
+    freeze: str | None = None           # host path of its cgroup.freeze
+    rt_chain: tuple[str, ...] = ()      # cpu.rt_runtime_us files a boost needs, top-down
+    cgroup2_mount: str | None = None    # where the v2 tree is mounted
+
+
 class Knob(Protocol):
+    """What every knob does: ``record`` the originals of what it may change
+    for one vCPU (those not in ``known``: journal key -> entry; OSError when
+    they cannot be read), then ``restore`` an entry, ``verify`` that the host
+    holds its original again, and tell whether its target still ``exists``.
+    How it applies a change is its own (the value differs by knob)."""
+
     kind: str
+
+    def record(self, target: Target, known: Mapping[str, dict]) -> dict[str, dict]: ...
 
     def restore(self, entry: dict) -> None: ...
 
     def verify(self, entry: dict) -> bool: ...
 
+    def exists(self, entry: dict) -> bool: ...
+
+
+def thread_entry(kind: str, t: Target, **value) -> dict[str, dict]:
+    """A thread knob's entry for ``t``, keyed by kind, TID and start time."""
+    return {thread_key(kind, t.tid, t.start_time): {"kind": kind, "name": t.name, "uuid": t.uuid, "vcpu": t.vcpu,
+                                                     "tid": t.tid, "start_time": t.start_time, **value}}
+
+
+def thread_key(kind: str, tid: int, start_time: int) -> str:
+    return f"{kind}:{tid}:{start_time}"
+
 
 class FileKnob:
     """A knob that is one file's content (cgroup files): recorded, written back, compared.
 
-    Subclasses name their ``kind`` and may check more in :meth:`verify`.
+    Subclasses name their ``kind``, the files of a vCPU they change
+    (:meth:`paths`), and may check more in :meth:`verify`.
     """
 
     kind = "file"
@@ -74,12 +110,18 @@ class FileKnob:
         """The journal key of ``path``'s original."""
         return f"{self.kind}:{path}"
 
-    def record(self, path: str) -> tuple[str, dict] | None:
-        """The journal entry of the file's current value (None if it is gone)."""
-        value = self.fs.read_or(path)
-        if value is None:
-            return None
-        return self.key(path), {"kind": self.kind, "path": path, "original": value.strip(), "depth": path.count("/")}
+    def paths(self, target: Target) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    def record(self, target: Target, known: Mapping[str, dict]) -> dict[str, dict]:
+        """The current value of each of the vCPU's files not yet known (a file that is gone has none)."""
+        out = {}
+        for path in self.paths(target):
+            value = None if self.key(path) in known else self.fs.read_or(path)
+            if value is not None:
+                out[self.key(path)] = {"kind": self.kind, "path": path, "original": value.strip(),
+                                       "depth": path.count("/")}
+        return out
 
     def restore(self, entry: dict) -> None:
         if not self.fs.exists(entry["path"]):

@@ -18,8 +18,9 @@ children with it).
 from __future__ import annotations
 
 import errno
+from typing import Mapping
 
-from cosched.actuators.journal import Gone
+from cosched.actuators.journal import Gone, Target, thread_entry, thread_key
 from cosched.actuators.sched import thread_start
 from cosched.hostfs import HostFS
 
@@ -41,19 +42,22 @@ class PlacementKnob:
 
     @staticmethod
     def key(tid: int, start_time: int) -> str:
-        return f"{KIND}:{tid}:{start_time}"
+        return thread_key(KIND, tid, start_time)
 
-    def record(self, tid: int, start_time: int, mount: str, index: int, **about) -> tuple[str, dict] | None:
-        """The entry for moving thread ``tid`` from the v2 cgroup it is in now
-        into a ``vcpuN`` child of it (None: it is gone, or in a ``vcpuN`` already)."""
-        text = self.fs.read_or(f"/proc/{tid}/cgroup") or ""
+    def record(self, target: Target, known: Mapping[str, dict]) -> dict[str, dict]:
+        """Moving the thread from the v2 cgroup it is in now into a ``vcpuN``
+        child of it, unless already known (nothing: no v2 tree, the thread
+        is gone, or in a ``vcpuN`` already)."""
+        mount = target.cgroup2_mount
+        if not mount or self.key(target.tid, target.start_time) in known:
+            return {}
+        text = self.fs.read_or(f"/proc/{target.tid}/cgroup") or ""
         cgroup = next((line[3:] for line in text.splitlines() if line.startswith("0::")), None)
         if cgroup is None or cgroup.rstrip("/").rsplit("/", 1)[-1].startswith("vcpu"):
-            return None
-        target = vcpu_dir(cgroup, index)
-        return self.key(tid, start_time), {"kind": KIND, **about, "tid": tid, "start_time": start_time,
-                                           "from": f"{mount}{cgroup.rstrip('/')}", "dir": f"{mount}{target}",
-                                           "made": not self.fs.exists(f"{mount}{target}")}
+            return {}
+        where = vcpu_dir(cgroup, target.vcpu)
+        return thread_entry(KIND, target, **{"from": f"{mount}{cgroup.rstrip('/')}", "dir": f"{mount}{where}",
+                                             "made": not self.fs.exists(f"{mount}{where}")})
 
     def apply(self, entry: dict) -> None:
         """Make the threaded ``vcpuN`` directory and move the thread in."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-from cosched.actuators.journal import GONE, FileKnob
+from cosched.actuators.journal import GONE, FileKnob, Target
 from cosched.hostfs import HostFS
 
 KIND = "rt"
@@ -113,6 +113,10 @@ def _reason(e: OSError) -> str:
 
 
 class RtRuntimeKnob(FileKnob):
-    """Record, restore and verify ``cpu.rt_runtime_us`` files (restored deepest first)."""
+    """Record, restore and verify ``cpu.rt_runtime_us`` files: those on each
+    vCPU's cpu cgroup path (restored deepest first)."""
 
     kind = KIND
+
+    def paths(self, target: Target) -> tuple[str, ...]:
+        return target.rt_chain

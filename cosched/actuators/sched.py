@@ -19,8 +19,9 @@ import platform
 import threading
 import time
 from dataclasses import asdict, dataclass
+from typing import Mapping
 
-from cosched.actuators.journal import Gone
+from cosched.actuators.journal import Gone, Target, thread_entry, thread_key
 from cosched.hostfs import HostFS, OpenFile
 from cosched.kernel import POLICIES, REALTIME, parse_dl, parse_stat, policy_name
 
@@ -340,13 +341,13 @@ class SchedKnob:
     @staticmethod
     def key(tid: int, start_time: int) -> str:
         """The journal key of one thread's original attributes."""
-        return f"{KIND}:{tid}:{start_time}"
+        return thread_key(KIND, tid, start_time)
 
-    def record(self, tid: int, start_time: int, **about) -> tuple[str, dict]:
-        """The journal entry holding the thread's current attributes (read
-        now); ``about`` (the guest's name, the vCPU index) names it in messages."""
-        return self.key(tid, start_time), {"kind": KIND, **about, "tid": tid, "start_time": start_time,
-                                           "attr": self.get(tid).to_json()}
+    def record(self, target: Target, known: Mapping[str, dict]) -> dict[str, dict]:
+        """The thread's current attributes (read now), unless already known."""
+        if self.key(target.tid, target.start_time) in known:
+            return {}
+        return thread_entry(KIND, target, attr=self.get(target.tid).to_json())
 
     def apply(self, tid: int, attr: SchedAttr, still=None) -> None:
         """Give thread ``tid`` these attributes. ``still``: a context manager

@@ -38,6 +38,12 @@ __all__ = ["Engine", "EngineStats"]
 log = logging.getLogger("cosched.engine")
 
 
+def target(host, d, v) -> jr.Target:
+    """One vCPU of a guest, as the knobs record it."""
+    return jr.Target(d.name, d.uuid, v.index, v.tid, v.start_time, host.freeze_file(v), host.rt_chain(v),
+                     host.cgroup2_mount)
+
+
 class Engine:
     """Reconciles plans onto the host.
 
@@ -126,7 +132,9 @@ class Engine:
         return new
 
     def _record_originals(self, snap: Snapshot, p: Plan) -> None:
-        """Journal, through each knob, the original of everything the plan may change."""
+        """Journal, through each knob, the original of everything the plan may
+        change: scheduling attributes, freeze files and RT runtime of every
+        managed vCPU, and the affinity of those it pins."""
         entries: dict[str, dict] = {}
         known = self.journal.entries
         managed = {m.uuid for c in p.cells for m in c.members}
@@ -134,32 +142,22 @@ class Engine:
         for d in snap.domains:
             if d.uuid not in managed:
                 continue
+            kinds = ("sched", "freeze", "rt") + (("affinity",) if d.uuid in pinned else ())
             for v in d.vcpus:
-                if self.sched.key(v.tid, v.start_time) not in known:
-                    try:
-                        k, e = self.sched.record(v.tid, v.start_time, name=d.name, vcpu=v.index)
-                        entries[k] = e
-                    except OSError as err:
-                        log.warning("domain=%s vcpu=%d tid=%d action=sched-info-failed error=%r", d.name, v.index,
-                                    v.tid, os.strerror(err.errno) if err.errno else str(err))
-                freeze = snap.host.freeze_file(v)
-                files = ([(self.knobs["freeze"], freeze)] if freeze else []) + [
-                    (self.knobs["rt"], path) for path in snap.host.rt_chain(v)]
-                for knob, path in files:
-                    if knob.key(path) not in known:
-                        got = knob.record(path)
-                        if got:
-                            entries[got[0]] = got[1]
-            if d.uuid in pinned:
-                for v in d.vcpus:
-                    if self.affinity.key(v.tid, v.start_time) not in known:
-                        try:
-                            k, e = self.affinity.record(v.tid, v.start_time, name=d.name, uuid=d.uuid, vcpu=v.index)
-                            entries[k] = e
-                        except OSError as err:
-                            log.warning("domain=%s vcpu=%d tid=%d action=affinity-info-failed error=%r", d.name,
-                                        v.index, v.tid, os.strerror(err.errno) if err.errno else str(err))
+                entries.update(self._recorded(target(snap.host, d, v), kinds, known))
         self.journal.record(entries)
+
+    def _recorded(self, t: jr.Target, kinds, known) -> dict[str, dict]:
+        """What the knobs of these kinds record for one vCPU (a knob that
+        cannot read its original is logged, and records nothing)."""
+        out: dict[str, dict] = {}
+        for kind in kinds:
+            try:
+                out.update(self.knobs[kind].record(t, known))
+            except OSError as err:
+                log.warning("domain=%s vcpu=%d tid=%d action=%s-info-failed error=%r", t.name, t.vcpu, t.tid, kind,
+                            os.strerror(err.errno) if err.errno else str(err))
+        return out
 
     def _pin(self, snap: Snapshot, p: Plan) -> None:
         """Pin each vCPU the plan pins: its thread's affinity, if its
@@ -211,11 +209,10 @@ class Engine:
                     continue                                   # it has one
                 key = self.placement.key(v.tid, v.start_time)
                 if key not in self.journal.entries:
-                    got = self.placement.record(v.tid, v.start_time, mount, v.index, name=d.name, uuid=d.uuid,
-                                                vcpu=v.index)
-                    if got is None:
+                    got = self._recorded(target(snap.host, d, v), ("place",), self.journal.entries)
+                    if not got:
                         continue
-                    self.journal.record(dict([got]))
+                    self.journal.record(got)
                 try:
                     self.placement.apply(self.journal.entries[key])
                     moved = True

@@ -173,7 +173,8 @@ def test_reset_restores_what_a_damaged_journal_still_holds_and_names_the_rest(tm
     state = tmp_path / "state"
     journal = jr.Journal(str(state / "journal.json"))
     knob = FreezerKnob(HostFS("/"))
-    journal.record(dict(knob.record(str(f)) for f in files))
+    for i, f in enumerate(files):
+        journal.record(knob.record(jr.Target(f"vm{i}", f"u{i}", 0, 7, 1007, freeze=str(f)), {}))
     for f in files:                                  # the daemon froze both, then died
         f.write_text("1")
     lines = (state / "journal.json").read_text().split("\n")

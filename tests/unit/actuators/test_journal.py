@@ -27,10 +27,13 @@ def test_restore_order_identity_and_idempotence(fake, fs, tmp_path):
     sched.attrs = {7: batch, 8: batch}
     k = knobs(fs, sched, affinity)
     j = jr.Journal(str(tmp_path / "run/journal"))
-    j.record(dict([k["rt"].record("/cg/a/cpu.rt_runtime_us"), k["rt"].record("/cg/a/v0/cpu.rt_runtime_us"),
-                   k["freeze"].record("/cg/a/v0/cgroup.freeze"), k["sched"].record(7, 1007),
-                   ("sched:8:999", {"kind": "sched", "tid": 8, "start_time": 999, "attr": batch.to_json()}),
-                   k["affinity"].record(7, 1007, uuid="u", name="vm", vcpu=0)]))
+    vcpu = jr.Target("vm", "u", 0, 7, 1007, "/cg/a/v0/cgroup.freeze", ("/cg/a/cpu.rt_runtime_us",
+                                                                         "/cg/a/v0/cpu.rt_runtime_us"))
+    recorded = {kind: k[kind].record(vcpu, {}) for kind in ("rt", "freeze", "sched", "affinity")}
+    assert [len(recorded[kind]) for kind in ("rt", "freeze", "sched", "affinity")] == [2, 1, 1, 1]
+    assert k["sched"].record(vcpu, recorded["sched"]) == {}        # what is known is not read again
+    j.record({**recorded["rt"], **recorded["freeze"], **recorded["sched"], **recorded["affinity"],
+              "sched:8:999": {"kind": "sched", "tid": 8, "start_time": 999, "attr": batch.to_json()}})
     j.record({"rt:/cg/a/cpu.rt_runtime_us": {"kind": "rt", "path": "/cg/a/cpu.rt_runtime_us", "original": "999"}})
     assert jr.Journal(j.path).entries["rt:/cg/a/cpu.rt_runtime_us"]["original"] == "5"     # first recording wins
     # the daemon changed all of it
@@ -117,7 +120,7 @@ def test_a_write_that_does_not_take_is_reported_and_kept(fake, fs, tmp_path):
     fake.write("/cg/a/cpu.rt_runtime_us", "0")
     j = jr.Journal(str(tmp_path / "journal"))
     k = knobs(fs)
-    j.record(dict([k["rt"].record("/cg/a/cpu.rt_runtime_us")]))
+    j.record(k["rt"].record(jr.Target("vm", "u", 0, 7, 1007, rt_chain=("/cg/a/cpu.rt_runtime_us",)), {}))
     fs.write("/cg/a/cpu.rt_runtime_us", "5000")
     real = fs.write
     fs.write = lambda p, d: None                      # the kernel accepts the write and ignores it

@@ -5,6 +5,7 @@ import threading
 import pytest
 from tests.support.fakehost import FakeSched
 
+from cosched.actuators.journal import Target
 from cosched.actuators.sched import (LEAVE_MARGIN_NS, SchedAttr, SchedKnob, kernel_clock_offset, zero_bandwidth)
 
 from tests.unit.actuators.test_journal import threads
@@ -39,7 +40,7 @@ def test_a_thread_leaves_deadline_through_zero_bandwidth(fake, fs):
     # restoring a journal entry asks the thread itself (the daemon that boosted it may have died)
     threads(fake, 10)
     sched.attrs[10], sched.calls[:] = DL, []
-    entry = SchedKnob(fs, get=sched.get, put=sched.set).record(10, 1010)[1]
+    (entry,) = SchedKnob(fs, get=sched.get, put=sched.set).record(Target("vm", "u", 0, 10, 1010), {}).values()
     entry["attr"] = SchedAttr("other", nice=3).to_json()
     SchedKnob(fs, get=sched.get, put=sched.set).restore(entry)
     assert sched.calls == [(10, zero), (10, SchedAttr("other", nice=3))]
@@ -65,7 +66,7 @@ def test_a_thread_returned_when_its_deadline_may_be_past_is_kept_from_deadline_f
     # a restore does not know when the boost began: always kept
     threads(fake, 10)
     sched.attrs[10] = boost
-    entry = knob.record(10, 1010)[1]
+    (entry,) = knob.record(Target("vm", "u", 0, 10, 1010), {}).values()
     entry["attr"] = SchedAttr("other").to_json()
     now[0] += 2_000_000_000                                # 7's time is over, and forgotten
     knob.restore(entry)
