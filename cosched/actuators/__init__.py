@@ -6,9 +6,9 @@ scheduling, the ``cpu.rt_runtime_us`` grants FIFO boosts need),
 ``affinity`` (vCPU pinning: ``sched_setaffinity`` of the vCPU threads) and
 ``placement`` (per-vCPU cgroups for guests that have none, as
 Proxmox VE's). Every knob keeps one contract (:class:`~cosched.actuators.journal.Knob`):
-given a vCPU (a :class:`~cosched.actuators.journal.Target`) it ``record``\ s the
+given a vCPU (a :class:`~cosched.actuators.journal.Target`) it records the
 originals of what it may change, which the engine journals before its first
-write; it ``restore``\ s an entry, ``verify``\ s that the host holds the original
+write; it restores an entry, verifies that the host holds the original
 again, and tells whether the entry's target still ``exists``. ``cosched reset``
 and the daemon's exit replay the journal through them. :func:`knobs` is the
 one list of them: a new knob is a module here and an entry in that list.
