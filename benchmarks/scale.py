@@ -63,7 +63,7 @@ from pathlib import Path
 import psutil
 
 from benchmarks import commit
-from cosched.actuators.sched import SchedAttr
+from cosched.policy.plan import Cell, Member, PlannedVcpu
 from cosched.switcher import protocol as pr
 from cosched.sampler.meter import programs_run_time, run_time_stats
 from testbed import guests, image, services, synthetic
@@ -143,17 +143,17 @@ def observation(total: int, per_guest: int, seconds: float, work: Path, budget: 
         synthetic.destroy_all(gs)
 
 
-def _member(g: synthetic.SyntheticGuest, slot_ms: int) -> pr.MemberPlan:
+def _member(g: synthetic.SyntheticGuest, slot_ms: int) -> Member:
     v2 = synthetic.cgroup_mounts()[0]
     base = synthetic.guest_cgroup(g.layout, g.vmid, g.name)
-    return pr.MemberPlan(g.uuid, g.name, slot_ms, 0, tuple(
-        pr.VcpuPlan(i, tid, f"{v2}{base}/vcpu{i}/cgroup.freeze", (), SchedAttr()) for i, tid in sorted(g.tids.items())))
+    return Member(g.uuid, g.name, slot_ms, 0, tuple(
+        PlannedVcpu(i, tid, 0, -1, f"{v2}{base}/vcpu{i}/cgroup.freeze") for i, tid in sorted(g.tids.items())))
 
 
 def run_switcher(cells: list[tuple[str, list[synthetic.SyntheticGuest]]], seconds: float) -> dict:
     """The real switcher process on one plan for ``seconds``: its exact latency and lateness samples."""
     plan = pr.Plan(seq=1, max_stall_ms=500, rt_top_us=None,
-                   cells=tuple(pr.CellPlan(cid, "freeze", tuple(_member(g, 50) for g in gs)) for cid, gs in cells))
+                   cells=tuple(Cell(cid, "freeze", (), tuple(_member(g, 50) for g in gs)) for cid, gs in cells))
     proc = subprocess.Popen([sys.executable, "-m", "cosched.switcher"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True, bufsize=1)
     latency, lateness, switches, realtime = [], [], 0, None

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from dataclasses import replace
 from typing import Callable
 
 from cosched.actuators import journal as jr
@@ -249,23 +250,23 @@ class Engine:
 
     # -- the switcher ---------------------------------------------------
     def _message(self, p: Plan) -> pr.Plan:
-        """The plan as the switcher takes it; each vCPU carries the attributes
-        the journal recorded for it, which its boosts return it to, and until
-        when it must not be boosted, if a restore here returned it from one."""
+        """The plan as the switcher takes it: each vCPU's return carries the
+        attributes the journal recorded for it, which its boosts return it
+        to, and until when it must not be boosted, if a restore here
+        returned it from one; a guest with a thread whose original is not on
+        record is never boosted (it could not be put back)."""
         originals = {e["tid"]: SchedAttr.from_json(e["attr"])
                      for e in self.journal.entries.values() if e.get("kind") == "sched"}
 
-        def member(m) -> pr.MemberPlan:
-            vcpus = tuple(pr.VcpuPlan(v.index, v.tid, v.freeze, tuple(v.rt_chain), originals.get(v.tid, SchedAttr()),
-                                      self.sched.quiet_until(v.tid)) for v in m.vcpus)
-            # never boost a thread whose original is not on record: it could not be put back
-            recorded = all(v.tid in originals for v in m.vcpus)
-            return pr.MemberPlan(m.uuid, m.name, m.slot_ms, m.priority if recorded else 0, vcpus, m.rt_vcpu_us,
-                                 m.boost_ms if recorded else 0, m.pause_ms, m.costop_ms, m.costart_ms)
+        def member(m):
+            return m if all(v.tid in originals for v in m.vcpus) else replace(m, priority=0, boost_ms=0)
 
+        vcpus = [v for c in p.cells for m in c.members for v in m.vcpus]
         return pr.Plan(seq=0, max_stall_ms=self.max_stall_ms, rt_top_us=self._rt_top,
-                       cells=tuple(pr.CellPlan(c.id, c.mode, tuple(member(m) for m in c.members)) for c in p.cells),
-                       max_boosted=p.max_boosted)
+                       cells=tuple(replace(c, members=tuple(member(m) for m in c.members)) for c in p.cells),
+                       max_boosted=p.max_boosted,
+                       returns=tuple(pr.VcpuReturn(v.tid, originals.get(v.tid, SchedAttr()),
+                                                   self.sched.quiet_until(v.tid)) for v in vcpus))
 
     # -- undo -----------------------------------------------------------
     def _undo(self, kinds=jr.ORDER) -> list[str]:

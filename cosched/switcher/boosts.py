@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from cosched.actuators.sched import SchedAttr
 from cosched.hostfs import HostFS
-from cosched.switcher import protocol as pr
+from cosched.policy.plan import Member
 from cosched.switcher.timing import WATCH_POLL_NS
 
 BOOST_MARGIN_NS = 2_000_000
@@ -31,13 +31,13 @@ FALLBACK_BOOST = SchedAttr("fifo", priority=1)
 FIFO_BUDGET_SHARE = 0.9      # of a vCPU's RT runtime, for its SCHED_FIFO boosts within deadline boosts' periods
 
 
-def rt_granted(m: pr.MemberPlan) -> bool:
+def rt_granted(m: Member) -> bool:
     """Whether the plan grants RT runtime to this member's vCPU cgroups
     (RT group scheduling kernels)."""
     return bool(m.rt_vcpu_us) and any(v.rt_chain for v in m.vcpus)
 
 
-def fifo_budget_ns(m: pr.MemberPlan) -> int | None:
+def fifo_budget_ns(m: Member) -> int | None:
     """The time a ``boost`` guest's vCPU may spend in SCHED_FIFO boosts per
     RT period (:class:`cosched.policy.watch.Bcs`): nine tenths of the RT
     runtime granted to its cgroup on kernels with RT group scheduling,

@@ -16,50 +16,34 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 
 from cosched.actuators.sched import SchedAttr
+from cosched.policy.plan import Cell, Member, PlannedVcpu
 
 STATS_EVERY_S = 0.1
 IDLE_STATS_EVERY_S = 1.0       # idle: fewer wake-ups (10 a second cost 0.2% of a CPU)
 
 
 @dataclass(frozen=True)
-class VcpuPlan:
-    index: int
+class VcpuReturn:
+    """Where a vCPU thread goes back to from a boost: the attributes the
+    journal recorded for it, and until when it takes no deadline boost
+    (CLOCK_MONOTONIC ns; the daemon returned it from one: SchedKnob.quiet_until)."""
+
     tid: int
-    freeze: str | None                      # host path of its cgroup.freeze
-    rt_chain: tuple[str, ...] = ()          # cpu.rt_runtime_us files a boost needs, top-down
-    original: SchedAttr = SchedAttr()       # what a boost returns it to: the journaled original
-    quiet_until: int = 0                    # no deadline boost before (CLOCK_MONOTONIC ns): the daemon
-                                            # returned it from one (SchedKnob.quiet_until)
-
-
-@dataclass(frozen=True)
-class MemberPlan:
-    uuid: str
-    name: str
-    slot_ms: float
-    priority: int                           # SCHED_FIFO priority of its boost, 0: none
-    vcpus: tuple[VcpuPlan, ...]
-    rt_vcpu_us: int | None = None           # RT runtime per vCPU group (RT group scheduling)
-    boost_ms: int = 0                       # watched guests (boost, relaxed): longest boost, 0: none
-    pause_ms: int = 0                       # watched guests: least time between two boosts of a vCPU
-    costop_ms: int = 0                      # relaxed: co-stop above this lead, co-start below costart_ms
-    costart_ms: int = 0
-
-
-@dataclass(frozen=True)
-class CellPlan:
-    id: str
-    mode: str                               # "freeze" (turns), "boost" or "relaxed" (watched)
-    members: tuple[MemberPlan, ...]
+    original: SchedAttr = SchedAttr()
+    quiet_until: int = 0
 
 
 @dataclass(frozen=True)
 class Plan:
+    """The planner's cells (:class:`cosched.policy.plan.Cell`), as the
+    engine hands them on, and each managed vCPU's return."""
+
     seq: int
     max_stall_ms: int
     rt_top_us: int | None
-    cells: tuple[CellPlan, ...]
+    cells: tuple[Cell, ...]
     max_boosted: int = 0                    # watched vCPUs boosted at once, at most
+    returns: tuple[VcpuReturn, ...] = ()
     type: str = "plan"
 
 
@@ -111,8 +95,8 @@ class Stats:
 
 
 MESSAGES = {cls.type: cls for cls in (Plan, Stop, Ready, Applied, Stats)}
-_NESTED = {(Plan, "cells"): CellPlan, (CellPlan, "members"): MemberPlan, (MemberPlan, "vcpus"): VcpuPlan,
-           (Stats, "tallies"): Tally}
+_NESTED = {(Plan, "cells"): Cell, (Cell, "members"): Member, (Member, "vcpus"): PlannedVcpu,
+           (Plan, "returns"): VcpuReturn, (Stats, "tallies"): Tally}
 
 
 def encode(msg) -> str:

@@ -14,6 +14,7 @@ from typing import Callable
 
 from cosched.actuators.journal import GONE
 from cosched.actuators.sched import SchedAttr
+from cosched.policy.plan import Cell, Member
 from cosched.switcher import protocol as pr
 from cosched.switcher.timing import FREEZE_WAIT_S
 from cosched.switcher.vcpus import Counters, Vcpus, VState, keys_of
@@ -23,7 +24,7 @@ log = logging.getLogger("cosched.switcher")
 
 @dataclass
 class MemberState:
-    plan: pr.MemberPlan
+    plan: Member
 
     @property
     def uuid(self) -> str:
@@ -51,7 +52,7 @@ class Rotation:
         self.cells: dict[str, CellState] = {}
         self.max_stall_ns = 0
 
-    def planned(self, plans: list[pr.CellPlan]) -> dict[str, CellState]:
+    def planned(self, plans: list[Cell], returns: dict[int, pr.VcpuReturn]) -> dict[str, CellState]:
         """The cells of a new plan, each keeping the member that runs now
         where it is still a member (and its slot's deadline)."""
         cells: dict[str, CellState] = {}
@@ -67,7 +68,7 @@ class Rotation:
                 cell.boost_failed = prev.boost_failed
             cells[c.id] = cell
             for m in members:
-                self.vcpus.hold(m.plan.name, m.plan)
+                self.vcpus.hold(m.plan.name, m.plan, returns)
         return cells
 
     def start(self, cells: dict[str, CellState]) -> None:
@@ -87,7 +88,7 @@ class Rotation:
     def keys(self) -> set[tuple]:
         return {k for c in self.cells.values() for m in c.members for k in m.keys()}
 
-    def rt_owners(self) -> list[tuple[CellState, pr.MemberPlan, str, tuple]]:
+    def rt_owners(self) -> list[tuple[CellState, Member, str, tuple]]:
         """The members boosted in their slots: (cell, plan, cell id, keys)."""
         return [(cell, m.plan, cell.id, m.keys()) for cell in self.cells.values() for m in cell.members
                 if m.plan.priority]

@@ -84,8 +84,9 @@ class Switcher:
         now = self.clock()
         self.max_stall_ns = self.rotation.max_stall_ns = int(msg.max_stall_ms * 1_000_000)
         self.rt_top_us = msg.rt_top_us
-        cells = self.rotation.planned([c for c in msg.cells if c.mode not in WATCHED])
-        watched = self.watching.planned([c for c in msg.cells if c.mode in WATCHED], now)
+        returns = {r.tid: r for r in msg.returns}
+        cells = self.rotation.planned([c for c in msg.cells if c.mode not in WATCHED], returns)
+        watched = self.watching.planned([c for c in msg.cells if c.mode in WATCHED], returns, now)
         wanted = {k for c in cells.values() for m in c.members for k in m.keys()}
         wanted |= {k for w in watched.values() for k in w.keys}
         self.grants.rt.release(self.vcpus.release([k for k in self.vcpus.info if k not in wanted], now))

@@ -18,14 +18,16 @@ from typing import Callable
 
 from cosched.actuators.freezer import Freezer
 from cosched.actuators.journal import GONE
+from cosched.actuators.sched import SchedAttr
 from cosched.hostfs import HostFS
+from cosched.policy.plan import Member, PlannedVcpu
 from cosched.switcher import protocol as pr
 from cosched.switcher.timing import STILL_WAIT_S
 
 log = logging.getLogger("cosched.switcher")
 
 
-def keys_of(plan: pr.MemberPlan) -> tuple[tuple, ...]:
+def keys_of(plan: Member) -> tuple[tuple, ...]:
     """One key per vCPU thread and cgroup of a guest: a new TID or path is a new vCPU."""
     return tuple((plan.uuid, v.index, v.tid, v.freeze) for v in plan.vcpus)
 
@@ -77,14 +79,16 @@ class Vcpus:
         self.fs, self.sched, self.clock, self.counters, self.error = fs, sched, clock, counters, error
         self.freezer = Freezer(fs)
         self.state: dict[tuple, VState] = {}
-        self.info: dict[tuple, tuple[str, pr.VcpuPlan]] = {}       # key -> (domain name, vCPU plan)
+        self.info: dict[tuple, tuple[str, PlannedVcpu]] = {}       # key -> (domain name, vCPU plan)
+        self.original: dict[tuple, SchedAttr] = {}                   # key -> what a boost returns it to
         self.gone: set[tuple] = set()                                # vCPUs seen to exit
 
-    def hold(self, name: str, plan: pr.MemberPlan) -> tuple[tuple, ...]:
-        """Know a guest's vCPUs by their keys (returned)."""
+    def hold(self, name: str, plan: Member, returns: dict[int, pr.VcpuReturn]) -> tuple[tuple, ...]:
+        """Know a guest's vCPUs by their keys (returned), and what each returns to from a boost."""
         keys = keys_of(plan)
         for v, k in zip(plan.vcpus, keys):
             self.info[k] = (name, v)
+            self.original[k] = returns[v.tid].original if v.tid in returns else SchedAttr()
         return keys
 
     def frozen(self, key) -> bool:
@@ -121,11 +125,12 @@ class Vcpus:
         if st is None or not st.boosted:
             return
         name, v = self.info[key]
+        original = self.original[key]
         try:
-            self.sched.apply(v.tid, v.original, still=(lambda: self._still(key, siblings)) if v.freeze else None)
+            self.sched.apply(v.tid, original, still=(lambda: self._still(key, siblings)) if v.freeze else None)
         except OSError as e:
             if e.errno not in GONE:
-                self.error(f"domain={name} vcpu={v.index} unboost to {v.original}: {os.strerror(e.errno)}")
+                self.error(f"domain={name} vcpu={v.index} unboost to {original}: {os.strerror(e.errno)}")
                 return
         st.boosted = False
 
@@ -161,6 +166,7 @@ class Vcpus:
         chains = [p for k in keys for p in self.info[k][1].rt_chain[1:]]
         for k in keys:
             self.state.pop(k, None)
+            self.original.pop(k, None)
             self.freezer.forget(self.info.pop(k)[1].freeze)
         return chains
 

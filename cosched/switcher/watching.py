@@ -18,6 +18,7 @@ from typing import Callable
 from cosched.actuators.journal import GONE
 from cosched.hostfs import OUT_OF_FILES, HostFS
 from cosched.kernel import on_cpu, parse_schedstat, stat_runnable_cpu
+from cosched.policy.plan import Cell, Member
 from cosched.policy.watch import Bcs, Relaxed, Seen, on_cpu_unchanged
 from cosched.switcher import protocol as pr
 from cosched.switcher.boosts import FALLBACK_BOOST, boost_attr, fifo_budget_ns, fresh_ns
@@ -32,7 +33,7 @@ class Watched:
     """One watched guest: its rules, and descriptors of its vCPU threads."""
 
     cell: str
-    plan: pr.MemberPlan
+    plan: Member
     rules: object                            # policy.watch.Bcs or Relaxed
     fds: list[tuple[int, int, int] | None]   # (stat, schedstat, status) per vCPU
     keys: tuple[tuple, ...]                  # per vCPU, as vcpus.keys_of (computed once: polled 2,000 times a second)
@@ -64,7 +65,7 @@ class Watching:
         self.next_poll: int | None = None
         self._turn = 0                               # which watched guest a poll serves first
 
-    def planned(self, plans: list[pr.CellPlan], now: int) -> dict[str, Watched]:
+    def planned(self, plans: list[Cell], returns: dict[int, pr.VcpuReturn], now: int) -> dict[str, Watched]:
         """The watches of a new plan: one whose guest, plan and cell are
         unchanged goes on; every other watch ends, and new ones begin."""
         watched: dict[str, Watched] = {}
@@ -76,8 +77,8 @@ class Watching:
                     continue
                 if prev is not None:
                     self._unwatch(prev, now)
-                watched[m.uuid] = self._watch(c, m)
-                self.vcpus.hold(m.name, m)
+                watched[m.uuid] = self._watch(c, m, returns)
+                self.vcpus.hold(m.name, m, returns)
         for w in self.watched.values():
             self._unwatch(w, now)
         return watched
@@ -99,7 +100,7 @@ class Watching:
         """How many watched vCPUs hold a boost now."""
         return sum(1 for w in self.watched.values() for k in w.keys if self.vcpus.boosted(k))
 
-    def rt_owners(self) -> list[tuple[Watched, pr.MemberPlan, str, tuple]]:
+    def rt_owners(self) -> list[tuple[Watched, Member, str, tuple]]:
         """The watched guests that boost: (watch, plan, cell id, keys)."""
         return [(w, w.plan, w.cell, w.keys) for w in self.watched.values() if w.plan.boost_ms]
 
@@ -117,7 +118,7 @@ class Watching:
         for k in [k for k in self.vcpus.info if k[0] == uuid]:
             self.vcpus.unboost(k, w.keys if w is not None else ())
 
-    def _watch(self, cell: pr.CellPlan, m: pr.MemberPlan) -> Watched:
+    def _watch(self, cell: Cell, m: Member, returns: dict[int, pr.VcpuReturn]) -> Watched:
         n = len(m.vcpus)
         sched = self.vcpus.sched
         if cell.mode == "relaxed":
@@ -127,7 +128,8 @@ class Watching:
             rules = Bcs(n, int(m.boost_ms * 1e6), int(m.pause_ms * 1e6), fresh_ns(m.boost_ms, self.share), fifo=True,
                         fifo_budget_ns=fifo_budget_ns(m))
         for i, v in enumerate(m.vcpus):      # returned from a deadline boost lately, here or by the daemon
-            rules.hold(i, max(v.quiet_until, sched.quiet_until(v.tid)))
+            told = returns[v.tid].quiet_until if v.tid in returns else 0
+            rules.hold(i, max(told, sched.quiet_until(v.tid)))
         fds = []
         for v in m.vcpus:
             opened: list[int] = []

@@ -184,7 +184,7 @@ def test_a_new_switcher_is_told_which_vcpus_the_daemon_returned_from_deadline_bo
         snap = snapshot(fake, fs, 1, xml=GANG.replace('name="gang" quantum-ms="200"', 'name="boost"'))
         reconcile(engine, snap)
         assert engine.switcher.sent.cells[0].mode == "boost"
-        assert [v.quiet_until for v in engine.switcher.sent.cells[0].members[0].vcpus] == [0, 0]
+        assert [r.quiet_until for r in engine.switcher.sent.returns] == [0, 0]
         time.sleep(1.0)
         first = engine.switcher.proc
         first.switcher.release_all = lambda: None         # killed: it cleans nothing up itself
@@ -195,7 +195,7 @@ def test_a_new_switcher_is_told_which_vcpus_the_daemon_returned_from_deadline_bo
         restored = time.monotonic_ns()
         reconcile(engine, snap)
         assert engine.switcher.proc is not first
-        quiet = [v.quiet_until for v in engine.switcher.sent.cells[0].members[0].vcpus]
+        quiet = [r.quiet_until for r in engine.switcher.sent.returns]
         assert quiet[0] == 0 and restored - 2e9 < quiet[1] - knob._zero.period_ns <= restored, quiet
     finally:
         assert engine.release() == []

@@ -8,6 +8,7 @@ from dataclasses import replace
 from tests.support.fakehost import CgroupEventsFS as FreezerFS, FakeSched
 
 from cosched.actuators.sched import SchedAttr, zero_bandwidth
+from cosched.policy.plan import Cell, Member, PlannedVcpu
 from cosched.switcher import protocol as pr
 from cosched.switcher.loop import serve
 from cosched.switcher.switcher import Switcher
@@ -46,16 +47,21 @@ def tree(tmp_path, names=("a", "b", "c"), rt=False):
     return fs
 
 
-def member(n, slot=50, prio=0, rt=False, rt_us=None, original=SchedAttr()):
+def member(n, slot=50, prio=0, rt=False, rt_us=None):
     tid = {"a": 100, "b": 200, "c": 300, "d": 400}[n]
     chain = lambda i: (f"{CPU}/machine/cpu.rt_runtime_us", f"{CPU}/machine/{n}/cpu.rt_runtime_us",
                        f"{CPU}/machine/{n}/vcpu{i}/cpu.rt_runtime_us") if rt else ()
-    return pr.MemberPlan(n, n, slot, prio, tuple(
-        pr.VcpuPlan(i, tid + i, f"{CG2}/machine/{n}/vcpu{i}/cgroup.freeze", chain(i), original) for i in range(2)), rt_us)
+    return Member(n, n, slot, prio, tuple(
+        PlannedVcpu(i, tid + i, 0, -1, f"{CG2}/machine/{n}/vcpu{i}/cgroup.freeze", chain(i)) for i in range(2)), rt_us)
 
 
-def gang(*members, mode="freeze", max_stall_ms=500, rt_top_us=None):
-    return pr.Plan(1, max_stall_ms, rt_top_us, (pr.CellPlan("gang", mode, members),))
+def back(m, original=SchedAttr(), quiet=None):
+    """The returns of a member's vCPUs: to ``original``, not deadline-boosted before ``quiet[index]``."""
+    return tuple(pr.VcpuReturn(v.tid, original, (quiet or {}).get(v.index, 0)) for v in m.vcpus)
+
+
+def gang(*members, mode="freeze", max_stall_ms=500, rt_top_us=None, returns=()):
+    return pr.Plan(1, max_stall_ms, rt_top_us, (Cell("gang", mode, (), members),), returns=returns)
 
 
 def thawed(fs, names):
@@ -96,7 +102,8 @@ def test_release_thaws_and_returns_each_boost_to_its_recorded_attributes(tmp_pat
     batch = SchedAttr("batch", nice=5)
     deadline = SchedAttr("deadline", runtime_ns=1 * MS, deadline_ns=10 * MS, period_ns=10 * MS)
     sw = Switcher(fs, 500 * MS, sched=sched.knob(fs, clock), clock=clock)
-    sw.apply(gang(member("a", prio=1, original=batch), member("b", prio=1, original=deadline), member("c", prio=1)))
+    sw.apply(gang(member("a", prio=1), member("b", prio=1), member("c", prio=1),
+                  returns=back(member("a"), batch) + back(member("b"), deadline)))
     assert sched.attrs[100] == SchedAttr("fifo", priority=1) and 200 not in sched.attrs
     clock.now += 50 * MS
     sw.tick()
@@ -199,7 +206,7 @@ def test_rt_runtime_granted_statically_and_restored(tmp_path):
 
 
 def test_protocol_round_trips_every_message():
-    plan = gang(member("a", prio=3, rt=True, rt_us=5, original=SchedAttr("batch", nice=2)), member("b"))
+    plan = gang(member("a", prio=3, rt=True, rt_us=5), member("b"), returns=back(member("a"), SchedAttr("batch", nice=2)))
     stats = pr.Stats(switches={"gang": 2}, latency_ns=(1, 2), tallies=(pr.Tally("a", 1, 7, 1, 2),), errors=("x",),
                      active={"gang": "a"}, released=True)
     for msg in (plan, pr.Stop(), pr.Ready(True), pr.Applied(4), stats):
@@ -255,9 +262,9 @@ class Procs:
         self.write(tid)
 
 
-def watched(mode, *members, max_boosted=2):
-    return pr.Plan(1, 500, None, tuple(pr.CellPlan(f"{mode}-{m.name}", mode, (m,)) for m in members),
-                   max_boosted=max_boosted)
+def watched(mode, *members, max_boosted=2, returns=()):
+    return pr.Plan(1, 500, None, tuple(Cell(f"{mode}-{m.name}", mode, (), (m,)) for m in members),
+                   max_boosted=max_boosted, returns=returns)
 
 
 def test_bcs_boosts_with_sched_deadline_and_returns_to_the_recorded_attributes(tmp_path):
@@ -266,8 +273,8 @@ def test_bcs_boosts_with_sched_deadline_and_returns_to_the_recorded_attributes(t
     procs = Procs(fs, (100, 101))
     batch = SchedAttr("batch", nice=3)
     sw = Switcher(fs, 500 * MS, sched=sched.knob(fs, clock), clock=clock)
-    a = replace(member("a", original=batch), boost_ms=2)
-    sw.apply(watched("boost", a))
+    a = replace(member("a"), boost_ms=2)
+    sw.apply(watched("boost", a, returns=back(a, batch)))
     assert sw.tick() == POLL and sched.calls == []     # the first poll is due at once, and only looks
     for _ in range(2):
         clock.now += POLL
@@ -365,7 +372,7 @@ def test_a_vcpu_returned_from_a_late_boost_is_not_boosted_for_the_zero_reservati
     the zero reservation all the same (nothing left counted), which may
     give it a deadline that far away: that vCPU is not boosted again before
     the zero reservation's period is over. Nor is one the daemon restored
-    lately (``VcpuPlan.quiet_until``), whatever the new switcher knows."""
+    lately (``VcpuReturn.quiet_until``), whatever the new switcher knows."""
     from cosched.switcher.boosts import boost_attr
     fs, clock, sched = tree(tmp_path), Clock(), FakeSched()
     fs.write("/proc/sys/kernel/sched_deadline_period_max_us", "100000")     # 100 ms
@@ -374,7 +381,7 @@ def test_a_vcpu_returned_from_a_late_boost_is_not_boosted_for_the_zero_reservati
     sw = Switcher(fs, 500 * MS, sched=sched.knob(fs, clock), clock=clock)
     a = replace(member("a"), boost_ms=2)
     restored = clock.now + 100 * MS
-    sw.apply(watched("boost", replace(a, vcpus=(a.vcpus[0], replace(a.vcpus[1], quiet_until=restored)))))
+    sw.apply(watched("boost", a, returns=back(a, quiet={1: restored})))
 
     def step():
         clock.now += POLL
@@ -460,8 +467,8 @@ def test_a_calm_boost_guest_is_polled_less_often_and_an_idle_relaxed_one_every_t
         clock.now = deadline
     assert gaps[0] == POLL and gaps[-1] == SLOWEST * POLL
     relaxed = replace(member("b"), costop_ms=3, costart_ms=2)
-    sw.apply(pr.Plan(2, 500, None, (pr.CellPlan("boost-a", "boost", (replace(member("a"), boost_ms=2),)),
-                                    pr.CellPlan("relaxed-b", "relaxed", (relaxed,)))))
+    sw.apply(pr.Plan(2, 500, None, (Cell("boost-a", "boost", (), (replace(member("a"), boost_ms=2),)),
+                                    Cell("relaxed-b", "relaxed", (), (relaxed,)))))
     clock.now = sw.tick()                              # the relaxed guest, new, is looked at at once
     for _ in range(3):                                 # and sets the pace now: no lead, costop-ms 3
         clock.now = sw.tick()
