@@ -34,6 +34,7 @@ import logging
 import os
 import threading
 import zlib
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Callable, Mapping, Protocol
 
@@ -94,7 +95,7 @@ def thread_key(kind: str, tid: int, start_time: int) -> str:
     return f"{kind}:{tid}:{start_time}"
 
 
-class FileKnob:
+class FileKnob(ABC):
     """A knob that is one file's content (cgroup files): recorded, written back, compared.
 
     Subclasses name their ``kind``, the files of a vCPU they change
@@ -110,8 +111,9 @@ class FileKnob:
         """The journal key of ``path``'s original."""
         return f"{self.kind}:{path}"
 
+    @abstractmethod
     def paths(self, target: Target) -> tuple[str, ...]:
-        raise NotImplementedError
+        """The files of one vCPU this knob changes, top-down."""
 
     def record(self, target: Target, known: Mapping[str, dict]) -> dict[str, dict]:
         """The current value of each of the vCPU's files not yet known (a file that is gone has none)."""
