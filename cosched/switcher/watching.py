@@ -46,6 +46,7 @@ class Watched:
     due: int = 0                                             # when its next look is (monotonic ns)
     long: set[int] = field(default_factory=set)              # vCPUs reported in a long wait since the last look
     told: bool = False                                       # its long waits are reported (Watching._tell)
+    back: tuple = ()                                         # its vCPUs' returns (VcpuReturn or None) it was given
 
 
 class Watching:
@@ -66,18 +67,20 @@ class Watching:
         self._turn = 0                               # which watched guest a poll serves first
 
     def planned(self, plans: list[Cell], returns: dict[int, pr.VcpuReturn], now: int) -> dict[str, Watched]:
-        """The watches of a new plan: one whose guest, plan and cell are
-        unchanged goes on; every other watch ends, and new ones begin."""
+        """The watches of a new plan: one whose guest, plan, cell and vCPU
+        returns are unchanged goes on; every other watch ends, and new ones begin."""
         watched: dict[str, Watched] = {}
         for c in plans:
             for m in c.members:
                 prev = self.watched.pop(m.uuid, None)
-                if prev is not None and (prev.plan, prev.cell) == (m, c.id):
+                back = tuple(returns.get(v.tid) for v in m.vcpus)
+                if prev is not None and (prev.plan, prev.cell, prev.back) == (m, c.id, back):
                     watched[m.uuid] = prev
                     continue
                 if prev is not None:
                     self._unwatch(prev, now)
                 watched[m.uuid] = self._watch(c, m, returns)
+                watched[m.uuid].back = back
                 self.vcpus.hold(m.name, m, returns)
         for w in self.watched.values():
             self._unwatch(w, now)

@@ -1075,3 +1075,19 @@ def test_a_long_wait_not_boosted_while_the_admission_total_is_checked_is_counted
     held = sw.take_stats().long_waits_held
     assert held.get("check", 0) >= 1 and held.get("room", 0) == 0, held
     assert not [a for tid, a in sched.calls if tid == 101]    # not boosted
+
+
+def test_a_watch_is_taken_again_when_a_vcpus_return_changes(tmp_path):
+    """A vCPU's return (its original, its quiet time) travels beside the
+    plan: a changed one is a new watch, as a changed plan is."""
+    fs, clock, sched = tree(tmp_path), Clock(), FakeSched()
+    sw = Switcher(fs, 500 * MS, sched=sched.knob(fs, clock), clock=clock)
+    a = replace(member("a"), boost_ms=2)
+    sw.apply(watched("boost", a, returns=back(a)))
+    first = sw.watching.watched["a"]
+    sw.apply(watched("boost", a, returns=back(a)))
+    assert sw.watching.watched["a"] is first
+    sw.apply(watched("boost", a, returns=back(a, SchedAttr("batch", nice=3))))
+    assert sw.watching.watched["a"] is not first
+    assert sw.vcpus.original[("a", 0, 100, f"{CG2}/machine/a/vcpu0/cgroup.freeze")] == SchedAttr("batch", nice=3)
+    sw.release_all()
