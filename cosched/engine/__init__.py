@@ -1,9 +1,10 @@
 """The engine: reconcile the plan onto the host, by difference.
 
 On every new snapshot (libvirt event, vanished thread, periodic resync) the
-daemon's discovery thread calls :meth:`Engine.reconcile`:
+daemon calls :meth:`Engine.reconcile` with it and its plan, which the
+engine never computes itself (:func:`cosched.policy.resolve.resolve` does):
 
-1. compute the plan (pure: :func:`cosched.policy.plan.plan`);
+1. log what changed in the plan (guests rejected or left alone, cell notes);
 2. record in the journal the original of everything the plan may change
    (``cgroup.freeze``, scheduling policy, RT runtime, vCPU thread affinity);
 3. pin each managed vCPU thread where its affinity differs, and put back
