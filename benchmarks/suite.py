@@ -364,7 +364,10 @@ def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: f
             w["skew_mean_ms"] = 1000 * (d1.get("sum", 0) - d0.get("sum", 0)) / n_skew if n_skew > 0 else None
             width = observed / n_skew if observed > 0 and n_skew > 0 else SKEW_WINDOW
             w["window_ms"] = 1000 * width        # cosched's mean sampling period (it stretches on a busy host)
-            w["vcpus"] = {tid: {k: (s1["vcpus"][g.name, i][k] - s0["vcpus"].get((g.name, i), {}).get(k, 0.0)) / (t1 - t0)
+            # over the sampling windows the counters cover (a scrape reads the last window
+            # closed, which on a busy host ends well before it), not over the wall interval
+            covered = observed if observed > 0 else t1 - t0
+            w["vcpus"] = {tid: {k: (s1["vcpus"][g.name, i][k] - s0["vcpus"].get((g.name, i), {}).get(k, 0.0)) / covered
                                 for k in s1["vcpus"][g.name, i]}
                           for i, tid in sorted(indexes.get(g.name, {}).items()) if (g.name, i) in s1["vcpus"]}
             if tracer:       # skew over windows as long as cosched's were
