@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from cosched.cli import main, render
+from cosched.cli import main
+from cosched.render import render
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -237,7 +237,7 @@ def test_a_vcpu_the_host_starves_counts_as_waiting_not_idle():
 
 
 def test_explain_prints_every_signal_and_the_scores():
-    from cosched.cli import render_explain
+    from cosched.render import render_explain
     ch, _ = run(lambda t: lopsided(), 12)
     text = render_explain({"domain": "g", "allow": list(ALL), **ch.explain("g")})
     assert "mode none" in text and "spread 1.00" in text and "idleness 0.67" in text
@@ -350,7 +350,7 @@ def test_without_a_gang_a_busy_guest_left_to_the_host_runs_free():
 
 
 def test_explain_shows_the_host_composition():
-    from cosched.cli import render_explain
+    from cosched.render import render_explain
     snap, auto = mixed_host("barrier", "lopsided", "sleeper")
     eff, _ = auto.settle(snap, lambda s: plan(s, PlanConfig()))
     p = plan(eff, PlanConfig())
