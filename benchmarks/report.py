@@ -563,7 +563,9 @@ def phases(res: dict) -> list[str]:
              f"Two guests alternating barrier and blocking phases of {runs[0]['phase_ms'] / 1000:g} s (guest time), "
              "each mode for the same span. Mean throughput per complete phase (both guests). For auto, "
              "the time from the first result line of a phase to the status showing the mode it then kept "
-             "(0: no change needed; the status is polled every 0.25 s).", ""]
+             "(0: no change needed; the status is polled every 0.25 s). Coverage: the least share of a phase "
+             "its result lines spanned, over both guests (its rate is measured over that span; "
+             "lines come every 0.1 s).", ""]
     rows = []
     follow = []
     for r in runs:
@@ -572,11 +574,14 @@ def phases(res: dict) -> list[str]:
         for kind in ("barrier", "blocking"):
             rates = [p["rate"] for p in ps if p["kind"] == kind]
             row.append(_num(_mean(rates), "{:.0f}") + f" ({len(rates)})")
+        covered = [p["coverage"] for p in ps if "coverage" in p]     # older runs do not record it
+        row.append(_pct(min(covered)) if covered and len(covered) == len(ps) else "-")
         rows.append(row)
         if r["mode"] == "auto":
             follow = [(name, [(p["kind"], p["mode_before"], p["mode_settled"], p["follow_s"]) for p in g["phases"]])
                       for name, g in r["per_guest"].items()]
-    lines += _table(["mode", "barrier phases, iterations/s (phases)", "blocking phases, iterations/s (phases)"], rows)
+    lines += _table(["mode", "barrier phases, iterations/s (phases)", "blocking phases, iterations/s (phases)",
+                     "coverage"], rows)
     if follow:
         lines += ["", "auto, per guest and phase: " + "; ".join(f"{name}: " + ", ".join(
             f"{k} {a}→{b} in {_num(t, '{:.1f}')} s" if a != b else f"{k} kept {b}" for k, a, b, t in ps)

@@ -761,9 +761,11 @@ def run_steady(args, daemon: DaemonProcess, gs: list[guests.Guest], wl: str, pro
                   f"in {args.steady:g} s")
 
 
-def phase_figures(results: list[dict], timeline: list, name: str) -> dict:
+def phase_figures(results: list[dict], timeline: list, name: str, phase_ms: float = PHASE_MS) -> dict:
     """One guest's phases seen in a timeline: each complete phase's kind,
-    rate and, where the daemon changed this guest's mode during it, when."""
+    rate, coverage (the guest time its first and last result lines span, over
+    the phase's length: its rate is measured over that span) and, where the
+    daemon changed this guest's mode during it, when."""
     first = timeline[0][1][name]        # lines printed before the run are not its own
     seen_at = []                        # host time by which result line first + i had appeared
     for t, counts, _ in timeline:
@@ -782,6 +784,7 @@ def phase_figures(results: list[dict], timeline: list, name: str) -> dict:
             follow = next((t - t0 for t, m in modes if m == settled), None)
             phases.append({"kind": "barrier" if a["phase"] % 2 == 0 else "blocking",
                            "rate": (b["iters"] - a["iters"]) * 1000.0 / max(b["t_ms"] - a["t_ms"], 1),
+                           "coverage": (b["t_ms"] - a["t_ms"]) / phase_ms,
                            "start_s": t0, "mode_before": (modes[0][1] if modes else None), "mode_settled": settled,
                            "follow_s": follow if modes and modes[0][1] != settled else 0.0})
         i = j

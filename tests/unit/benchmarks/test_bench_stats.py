@@ -390,9 +390,26 @@ def test_phase_changes_are_reported_per_guest():
         run("cfs", {"a": {"phases": [ph("blocking", None, None, 0.0)]}, "b": {"phases": []}}),
         run("auto", {"a": {"phases": [ph("blocking", "gang", "none", 2.0), ph("barrier", "none", "gang", 1.5)]},
                      "b": {"phases": [ph("blocking", "none", "none", 0.0)]}})]}))
-    assert "| auto | 100 (1) | 10 (2) |" in text and "| cfs | - (0) | 10 (1) |" in text
+    assert "| auto | 100 (1) | 10 (2) | - |" in text and "| cfs | - (0) | 10 (1) | - |" in text
     assert "auto, per guest and phase: a: blocking gang→none in 2.0 s, barrier none→gang in 1.5 s; b: blocking kept none." in text
     assert phases({"runs": []}) == []
+    covered = {"a": {"phases": [{**ph("barrier", "gang", "gang", 0.0), "coverage": 0.99},
+                                {**ph("blocking", "gang", "none", 2.0), "coverage": 0.9}]}}
+    assert "| auto | 100 (1) | 10 (1) | 90% |" in "\n".join(phases({"runs": [run("auto", covered)]}))
+
+
+def test_a_phase_is_measured_over_the_guest_time_its_lines_span():
+    from benchmarks.suite import phase_figures
+    # phases of 1 s: lines every 0.1 s, but the second phase's lines stop 0.5 s early (its guest held back)
+    lines = [{"phase": 0, "t_ms": t, "iters": t} for t in range(0, 1000, 100)]
+    lines += [{"phase": 1, "t_ms": t, "iters": 2 * t} for t in range(1000, 1500, 100)]
+    lines += [{"phase": 2, "t_ms": t, "iters": 3 * t} for t in range(2000, 3000, 100)]
+    lines += [{"phase": 3, "t_ms": 3000, "iters": 0}]
+    timeline = [(float(i), {"g": i}, {"g": "gang"}) for i in range(len(lines) + 1)]
+    (second, third), = [phase_figures(lines, timeline, "g", phase_ms=1000)["phases"]]
+    assert second["kind"] == "blocking" and second["coverage"] == pytest.approx(0.4)
+    assert second["rate"] == pytest.approx(2000.0)      # over the span its lines cover
+    assert third["coverage"] == pytest.approx(0.9)
 
 
 def test_cpu_bound_gives_the_cpus_to_the_guests_needing_fewest_first():
