@@ -84,9 +84,17 @@ struct guest {				/* per guest: how many of its threads run and wait */
 	__u64 partial;
 };
 
+/*
+ * At most CAPACITY threads, guests and watched threads at once. A batch read
+ * walks every bucket of a hash map, full or not: at 65,536 the daemon's two
+ * reads took 112-124 us, at 8,192 57-76 us (8 threads followed, 2-CPU
+ * development host, docs/decisions/0019-meter-map-size.md).
+ */
+#define CAPACITY 8192
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 65536);
+	__uint(max_entries, CAPACITY);
 	__type(key, __u32);		/* thread id */
 	__type(value, struct thread);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
@@ -94,7 +102,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 16384);
+	__uint(max_entries, CAPACITY);
 	__type(key, __u32);		/* a guest number given by user space */
 	__type(value, struct guest);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
@@ -107,7 +115,7 @@ struct watch {				/* one watched thread: its long-wait timer */
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 65536);
+	__uint(max_entries, CAPACITY);
 	__type(key, __u32);		/* thread id */
 	__type(value, struct watch);
 	__uint(map_flags, BPF_F_NO_PREALLOC);

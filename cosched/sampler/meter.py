@@ -129,7 +129,8 @@ def _put(lib: ctypes.CDLL, fd: int, key: int, value, what: str, flags: int = BPF
     k = ctypes.c_uint32(key)
     if lib.bpf_map_update_elem(fd, ctypes.byref(k), ctypes.byref(value), flags) != 0:
         e = ctypes.get_errno()
-        raise OSError(e, f"meter: cannot {what}: {os.strerror(e)}")
+        full = " (its maps are full: meter.bpf.c's CAPACITY threads and guests at once)" if e == errno.E2BIG else ""
+        raise OSError(e, f"meter: cannot {what}: {os.strerror(e)}{full}")
 
 
 def _drop(lib: ctypes.CDLL, fd: int, key: int) -> int:
