@@ -19,9 +19,15 @@ from typing import Callable
 import libvirt
 
 from cosched.discovery import DomainFacts
-from cosched.virt import domain_gone
 
 log = logging.getLogger("cosched.discovery")
+
+# A domain that stopped or vanished while we talked to it: normal life, not an error.
+DOMAIN_GONE = (libvirt.VIR_ERR_NO_DOMAIN, libvirt.VIR_ERR_OPERATION_INVALID)
+
+
+def domain_gone(e: libvirt.libvirtError) -> bool:
+    return e.get_error_code() in DOMAIN_GONE
 
 _EVENTS = (
     "VIR_DOMAIN_EVENT_ID_LIFECYCLE",

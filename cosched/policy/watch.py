@@ -1,8 +1,8 @@
 """The per-guest rules of ``boost`` and ``relaxed``: pure state machines.
 
 The switcher polls watched vCPU threads (every 0.5 ms; a ``boost`` guest
-without long waits less often, see :class:`Bcs`) and feeds what it saw to
-one :class:`Bcs` or :class:`Relaxed` per guest; they answer which vCPUs
+without long waits less often, see :class:`BoostRules`) and feeds what it saw to
+one :class:`BoostRules` or :class:`RelaxedRules` per guest; they answer which vCPUs
 to boost, unboost, co-stop (freeze) and co-start (thaw). No I/O here, so
 the rules are tested on synthetic streams.
 
@@ -20,7 +20,7 @@ FIFO_WINDOW_NS = 1_000_000_000   # RT runtime is granted per period (cpu.rt_peri
 
 
 @dataclass(frozen=True)
-class Seen:
+class Look:
     """One vCPU thread at one poll."""
 
     runnable: bool               # state R: running or queued
@@ -30,7 +30,7 @@ class Seen:
     on_cpu: bool                 # running right now
 
 
-def on_cpu_unchanged(before: Seen | None, runnable: bool, run_ns: int, picks: int) -> bool | None:
+def on_cpu_unchanged(before: Look | None, runnable: bool, run_ns: int, picks: int) -> bool | None:
     """Whether a thread is on a CPU, where its last poll (``before``) and
     this one's counters tell without its switch-outs; None where they do
     not. A switch-in counts in ``picks``, and a switch-out brings run time up
@@ -50,7 +50,7 @@ class Actions:
 
     boost: list[int] = field(default_factory=list)
     fifo: list[int] = field(default_factory=list)        # of those, to boost with SCHED_FIFO: not yet
-                                                         # a deadline boost (:class:`Bcs`, ``fifo``)
+                                                         # a deadline boost (:class:`BoostRules`, ``fifo``)
     unboost: list[int] = field(default_factory=list)
     freeze: list[int] = field(default_factory=list)
     thaw: list[int] = field(default_factory=list)
@@ -64,7 +64,7 @@ class _Vcpu:
     quiet_until: int = 0             # no boost before (pause-ms)
     deadline_after: int = 0          # no deadline boost before (its last one's period; the kernel's hold)
     fifo: bool = False               # its boost is SCHED_FIFO
-    fifo_only: bool = False          # every boost SCHED_FIFO: refused SCHED_DEADLINE (Bcs.fifo_only)
+    fifo_only: bool = False          # every boost SCHED_FIFO: refused SCHED_DEADLINE (BoostRules.fifo_only)
     fifo_spent: list = field(default_factory=list)   # (end, ns) of its SCHED_FIFO boosts in the last window
     progress: int = 0
     run_ns: int | None = None        # its run time at the last look
@@ -74,12 +74,12 @@ class _Vcpu:
     held: int | None = None          # its switch-ins when a long wait of it was last held back
 
 
-def _waiting(vcpus: list[_Vcpu], seen: list[Seen]) -> list[bool]:
+def _waiting(vcpus: list[_Vcpu], seen: list[Look]) -> list[bool]:
     """Per vCPU, whether it waits: runnable, not on a CPU, not co-stopped."""
     return [s.runnable and not s.on_cpu and not v.frozen for v, s in zip(vcpus, seen)]
 
 
-class Bcs:
+class BoostRules:
     """Boost co-scheduling of one guest with ``n`` vCPUs (see the module doc).
 
     ``period_ns``: no deadline boost of a vCPU sooner after its last one
@@ -106,7 +106,7 @@ class Bcs:
         self.next_in = 1         # polls until the next look
         self._calm = 0           # looks since the last long wait, at this pace
 
-    def _long_waits(self, seen: list[Seen], told=()) -> tuple[list[bool], list[bool], list[bool]]:
+    def _long_waits(self, seen: list[Look], told=()) -> tuple[list[bool], list[bool], list[bool]]:
         """Per vCPU: whether it waits; whether it waited at the last look
         too, not switched in since (a long wait the looks found); and
         whether it is in a long wait, found by the looks or ``told``."""
@@ -167,7 +167,7 @@ class Bcs:
                 return "runtime"
         return None
 
-    def _ends(self, now: int, seen: list[Seen], out: Actions) -> None:
+    def _ends(self, now: int, seen: list[Look], out: Actions) -> None:
         for i, (v, s) in enumerate(zip(self.vcpus, seen)):
             if v.boosted_at is not None and (s.picks > v.boost_picks or not s.runnable
                                              or now - v.boosted_at >= self.boost_ns):
@@ -180,14 +180,14 @@ class Bcs:
                 v.boosted_at = None
                 out.unboost.append(i)
 
-    def _held(self, i: int, seen: list[Seen], out: Actions, why: str) -> None:
+    def _held(self, i: int, seen: list[Look], out: Actions, why: str) -> None:
         """Count a long wait held back, once per wait (under the first reason)."""
         v = self.vcpus[i]
         if v.held != seen[i].picks:
             v.held = seen[i].picks
             out.held[why] = out.held.get(why, 0) + 1
 
-    def _start(self, i: int, now: int, seen: list[Seen], out: Actions) -> None:
+    def _start(self, i: int, now: int, seen: list[Look], out: Actions) -> None:
         v = self.vcpus[i]
         v.boosted_at, v.boost_picks = now, seen[i].picks
         v.fifo = self._fifo_now(v, now)
@@ -195,13 +195,13 @@ class Bcs:
         if v.fifo:
             out.fifo.append(i)
 
-    def step(self, now: int, seen: list[Seen], room: int, waited=None, trigger=None, long=()) -> Actions:
+    def step(self, now: int, seen: list[Look], room: int, waited=None, trigger=None, long=()) -> Actions:
         """React to one poll; boost at most ``room`` vCPUs.
 
         ``long``: the vCPUs reported in a long wait since the last look
         (:class:`cosched.sampler.meter.LongWaits`); a long wait is also one
         seen at two looks in a row. ``waited``/``trigger`` let
-        :class:`Relaxed` reuse the rules for its laggards (looked at every
+        :class:`RelaxedRules` reuse the rules for its laggards (looked at every
         poll); by default a running sibling triggers boosts of long waits,
         and the look sets the pace.
         """
@@ -242,7 +242,7 @@ class Bcs:
         return out
 
 
-class Relaxed:
+class RelaxedRules:
     """Relaxed co-scheduling of one guest (see the module doc)."""
 
     def __init__(self, n: int, costop_ns: int, costart_ns: int, boost_ns: int = 0, pause_ns: int = 0,
@@ -252,26 +252,26 @@ class Relaxed:
         self.poll_ns = poll_ns   # the poll's interval (0: look at every poll)
         self.next_in = 1         # polls until the next look
         self.vcpus = [_Vcpu() for _ in range(n)]
-        self.bcs = Bcs(n, boost_ns, pause_ns, period_ns) if boost_ns else None
+        self.boost_rules = BoostRules(n, boost_ns, pause_ns, period_ns) if boost_ns else None
         self._at: int | None = None
 
     def cancel(self, i: int) -> None:
-        if self.bcs is not None:
-            self.bcs.cancel(i)
+        if self.boost_rules is not None:
+            self.boost_rules.cancel(i)
 
     def started(self, i: int, at: int) -> None:
-        if self.bcs is not None:
-            self.bcs.started(i, at)
+        if self.boost_rules is not None:
+            self.boost_rules.started(i, at)
 
     def hold(self, i: int, until: int) -> None:
-        if self.bcs is not None:
-            self.bcs.hold(i, until)
+        if self.boost_rules is not None:
+            self.boost_rules.hold(i, until)
 
     @property
     def frozen(self) -> list[int]:
         return [i for i, v in enumerate(self.vcpus) if v.frozen]
 
-    def leads(self, seen: list[Seen]) -> list[int]:
+    def leads(self, seen: list[Look]) -> list[int]:
         """Each vCPU's lead over its slowest runnable, unfrozen sibling (0 without one)."""
         out = []
         for i, v in enumerate(self.vcpus):
@@ -279,7 +279,7 @@ class Relaxed:
             out.append(max(v.progress - min(behind), 0) if behind else 0)
         return out
 
-    def step(self, now: int, seen: list[Seen], room: int = 0) -> Actions:
+    def step(self, now: int, seen: list[Look], room: int = 0) -> Actions:
         dt = now - self._at if self._at is not None else 0
         self._at = now
         waited = _waiting(self.vcpus, seen)
@@ -305,11 +305,11 @@ class Relaxed:
             if not v.frozen and leads[i] > self.costop_ns and running:
                 v.frozen = True
                 out.freeze.append(i)
-        if self.bcs is not None:
+        if self.boost_rules is not None:
             # boost only laggards, and only while a sibling is held for them
-            got = self.bcs.step(now, seen, room, waited=waited, trigger=bool(self.frozen))
+            got = self.boost_rules.step(now, seen, room, waited=waited, trigger=bool(self.frozen))
             out.boost, out.unboost, out.held = got.boost, got.unboost, got.held
-        if self.frozen or (self.bcs is not None and self.bcs.boosted) or not self.poll_ns:
+        if self.frozen or (self.boost_rules is not None and self.boost_rules.boosted) or not self.poll_ns:
             self.next_in = 1
         else:
             self.next_in = max(1, min(SLOWEST, (self.costop_ns - max(leads)) // (2 * self.poll_ns)))

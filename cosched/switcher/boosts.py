@@ -39,7 +39,7 @@ def rt_granted(m: Member) -> bool:
 
 def fifo_budget_ns(m: Member) -> int | None:
     """The time a ``boost`` guest's vCPU may spend in SCHED_FIFO boosts per
-    RT period (:class:`cosched.policy.watch.Bcs`): nine tenths of the RT
+    RT period (:class:`cosched.policy.watch.BoostRules`): nine tenths of the RT
     runtime granted to its cgroup on kernels with RT group scheduling,
     past which the kernel throttles it: a sampler of the kernel's RT run
     queues, every 0.1 s, found a vCPU group throttled in 31 samples of a

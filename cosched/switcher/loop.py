@@ -29,7 +29,7 @@ def serve(sw: Switcher, rfd: int, write: Callable[[str], None], realtime: bool,
     non-empty; everything is released before it returns.
     """
     stopping = stopping if stopping is not None else []
-    told = [sw.long_waits.fileno()] if sw.long_waits is not None else []
+    reports = [sw.long_waits.fileno()] if sw.long_waits is not None else []
     write(pr.encode(pr.Ready(realtime)))
     buf = b""
     next_stats = time.monotonic_ns() + STATS_EVERY_NS
@@ -39,12 +39,12 @@ def serve(sw: Switcher, rfd: int, write: Callable[[str], None], realtime: bool,
             now = time.monotonic_ns()
             wake = min(d for d in (deadline, next_stats) if d is not None)
             try:
-                ready, _, _ = select.select([rfd, *sw.grants.exits, *told], [], [], max(wake - now, 0) / 1e9)
+                ready, _, _ = select.select([rfd, *sw.grants.exits, *reports], [], [], max(wake - now, 0) / 1e9)
             except InterruptedError:
                 continue
             for fd in ready:
-                if fd in told:
-                    sw.told(time.monotonic_ns())
+                if fd in reports:
+                    sw.take_reports(time.monotonic_ns())
                 elif fd != rfd:
                     sw.exited(fd)
             if rfd in ready:

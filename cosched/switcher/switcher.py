@@ -16,7 +16,7 @@ from cosched.actuators.admission import SETTLE_MAX_NS, Admission
 from cosched.actuators.sched import SchedKnob
 from cosched.hostfs import HostFS
 from cosched.policy.plan import WATCHED
-from cosched.policy.watch import Bcs
+from cosched.policy.watch import BoostRules
 from cosched.switcher import protocol as pr
 from cosched.switcher.boosts import boost_share
 from cosched.switcher.grants import Grants
@@ -105,7 +105,7 @@ class Switcher:
         what needs it."""
         owners = self.rotation.rt_owners() + self.watching.rt_owners()
         for who, cid, path in self.grants.hold(owners, self.rt_top_us):
-            if isinstance(who, Watched) and isinstance(who.rules, Bcs):
+            if isinstance(who, Watched) and isinstance(who.rules, BoostRules):
                 self.watching.fifo_off(who, f"RT runtime grant {path} failed")
             elif not who.boost_failed:
                 who.boost_failed = f"RT runtime grant {path} failed; {cid} runs " + (
@@ -121,9 +121,9 @@ class Switcher:
         log.info("domain=%s vcpu=%d action=exited rt=given-back", self.vcpus.info.get(key, (key[0],))[0], key[1])
         self._grant()
 
-    def told(self, now: int) -> None:
+    def take_reports(self, now: int) -> None:
         """Take the meter's reports of long waits: each one's guest is looked at now."""
-        self.watching.told(now)
+        self.watching.take_reports(now)
 
     # -- time -------------------------------------------------------------
     def tick(self) -> int | None:

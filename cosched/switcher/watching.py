@@ -2,7 +2,7 @@
 
 Each watched guest is looked at through descriptors of its vCPU threads'
 ``/proc`` files, as often as its rules ask (:mod:`cosched.policy.watch`):
-``Bcs`` boosts a vCPU kept waiting while a sibling runs, ``Relaxed`` also
+``BoostRules`` boosts a vCPU kept waiting while a sibling runs, ``RelaxedRules`` also
 co-stops the vCPU that ran ahead. With the in-kernel meter, the long waits of
 a calm ``boost`` guest are reported as they turn long, and the guest is
 looked at then.
@@ -19,7 +19,7 @@ from cosched.actuators.journal import GONE
 from cosched.hostfs import OUT_OF_FILES, HostFS
 from cosched.kernel import on_cpu, parse_schedstat, stat_runnable_cpu
 from cosched.policy.plan import Cell, Member
-from cosched.policy.watch import Bcs, Relaxed, Seen, on_cpu_unchanged
+from cosched.policy.watch import BoostRules, Look, RelaxedRules, on_cpu_unchanged
 from cosched.switcher import protocol as pr
 from cosched.switcher.boosts import FALLBACK_BOOST, boost_attr, fifo_budget_ns, fresh_ns
 from cosched.switcher.timing import LONG_WAIT_NS, WATCH_POLL_NS
@@ -34,18 +34,18 @@ class Watched:
 
     cell: str
     plan: Member
-    rules: object                            # policy.watch.Bcs or Relaxed
+    rules: object                            # policy.watch.BoostRules or RelaxedRules
     fds: list[tuple[int, int, int] | None]   # (stat, schedstat, status) per vCPU
     keys: tuple[tuple, ...]                  # per vCPU, as vcpus.keys_of (computed once: polled 2,000 times a second)
     boost_failed: str | None = None
     refused: dict[int, int] = field(default_factory=dict)    # vCPU index -> errno of its refused SCHED_DEADLINE
                                                              # boost (EPERM: pinned to a subset); it takes the
                                                              # SCHED_FIFO fallback at once while this plan (its
-                                                             # pinning) holds (Bcs.fifo_only)
-    seen: list[Seen | None] = field(default_factory=list)    # the last look's
+                                                             # pinning) holds (BoostRules.fifo_only)
+    seen: list[Look | None] = field(default_factory=list)    # the last look's
     due: int = 0                                             # when its next look is (monotonic ns)
     long: set[int] = field(default_factory=set)              # vCPUs reported in a long wait since the last look
-    told: bool = False                                       # its long waits are reported (Watching._tell)
+    subscribed: bool = False                                       # the meter reports its long waits (Watching._subscribe)
     back: tuple = ()                                         # its vCPUs' returns (VcpuReturn or None) it was given
 
 
@@ -61,7 +61,7 @@ class Watching:
         self.long_waits = long_waits
         if long_waits is not None:
             long_waits.set_after(LONG_WAIT_NS)
-        self._told: dict[int, tuple[str, int]] = {}  # reported thread -> (uuid of its watch, vCPU index)
+        self._subscribed: dict[int, tuple[str, int]] = {}  # reported thread -> (uuid of its watch, vCPU index)
         self.watched: dict[str, Watched] = {}
         self.next_poll: int | None = None
         self._turn = 0                               # which watched guest a poll serves first
@@ -125,10 +125,10 @@ class Watching:
         n = len(m.vcpus)
         sched = self.vcpus.sched
         if cell.mode == "relaxed":
-            rules = Relaxed(n, int(m.costop_ms * 1e6), int(m.costart_ms * 1e6), int(m.boost_ms * 1e6),
+            rules = RelaxedRules(n, int(m.costop_ms * 1e6), int(m.costart_ms * 1e6), int(m.boost_ms * 1e6),
                             int(m.pause_ms * 1e6), fresh_ns(m.boost_ms, self.share), WATCH_POLL_NS)
         else:
-            rules = Bcs(n, int(m.boost_ms * 1e6), int(m.pause_ms * 1e6), fresh_ns(m.boost_ms, self.share), fifo=True,
+            rules = BoostRules(n, int(m.boost_ms * 1e6), int(m.pause_ms * 1e6), fresh_ns(m.boost_ms, self.share), fifo=True,
                         fifo_budget_ns=fifo_budget_ns(m))
         for i, v in enumerate(m.vcpus):      # returned from a deadline boost lately, here or by the daemon
             told = returns[v.tid].quiet_until if v.tid in returns else 0
@@ -149,35 +149,35 @@ class Watching:
         log.info("domain=%s action=watch mode=%s", m.name, cell.mode)
         return Watched(cell.id, m, rules, fds, keys_of(m))
 
-    def _tell(self, w: Watched) -> None:
+    def _subscribe(self, w: Watched) -> None:
         """Have the meter report the long waits of a ``boost`` guest while it
         is calm (looked at less often than every poll), and not otherwise:
         a guest looked at every poll has its long waits seen within a poll
         of their start anyway, and reports would only add wake-ups."""
-        if self.long_waits is None or not isinstance(w.rules, Bcs) or (w.rules.every > 1) == w.told:
+        if self.long_waits is None or not isinstance(w.rules, BoostRules) or (w.rules.every > 1) == w.subscribed:
             return
-        w.told = not w.told
+        w.subscribed = not w.subscribed
         m = w.plan
         try:
             for v in m.vcpus:
-                if w.told:
+                if w.subscribed:
                     self.long_waits.watch(v.tid)
-                    self._told[v.tid] = (m.uuid, v.index)
+                    self._subscribed[v.tid] = (m.uuid, v.index)
                 else:
-                    self._untell(v.tid)
-        except OSError as e:              # left told, with nothing reported: tried again at its next calm
+                    self._unsubscribe(v.tid)
+        except OSError as e:              # left subscribed, with nothing reported: tried again at its next calm
             for v in m.vcpus:
-                self._untell(v.tid)
+                self._unsubscribe(v.tid)
             self.error(f"domain={m.name}: {e}; its long waits are found by looks alone")
 
-    def _untell(self, tid: int) -> None:
-        if self._told.pop(tid, None) is not None:
+    def _unsubscribe(self, tid: int) -> None:
+        if self._subscribed.pop(tid, None) is not None:
             self.long_waits.unwatch(tid)
 
-    def told(self, now: int) -> None:
+    def take_reports(self, now: int) -> None:
         """Take the meter's reports of long waits: each one's guest is looked at now."""
         for tid in self.long_waits.take():
-            uuid, i = self._told.get(tid, (None, None))    # an entry lives as long as its watch
+            uuid, i = self._subscribed.get(tid, (None, None))    # an entry lives as long as its watch
             w = self.watched.get(uuid)
             if w is not None:
                 self.counters.reported += 1
@@ -188,7 +188,7 @@ class Watching:
     def _unwatch(self, w: Watched, now: int) -> None:
         """Stop watching: thaw and unboost its vCPUs, close its descriptors."""
         for v in w.plan.vcpus:
-            self._untell(v.tid)
+            self._unsubscribe(v.tid)
         for k in w.keys:
             if k in self.vcpus.info:
                 self.vcpus.freeze(k, False, now)
@@ -201,7 +201,7 @@ class Watching:
         w.fds = []
 
     @staticmethod
-    def _see(fds: tuple[int, int, int] | None, before: Seen | None) -> Seen | None:
+    def _see(fds: tuple[int, int, int] | None, before: Look | None) -> Look | None:
         if fds is None:
             return None
         try:
@@ -212,7 +212,7 @@ class Watching:
             on = on_cpu_unchanged(before, runnable, run, switch_ins)
             if on is None:
                 on = on_cpu(switch_ins, os.pread(fds[2], 16384, 0))
-            return Seen(runnable, cpu, run, switch_ins, on)
+            return Look(runnable, cpu, run, switch_ins, on)
         except (OSError, ValueError):
             return None
 
@@ -241,7 +241,7 @@ class Watching:
                     self.counters.held["refused"] += 1
                     return None
                 w.refused[i] = e.errno
-                if isinstance(w.rules, Bcs):
+                if isinstance(w.rules, BoostRules):
                     w.rules.fifo_only(i)          # its boosts count against its RT runtime budget
         if i in w.refused or fifo:
             try:
@@ -285,15 +285,15 @@ class Watching:
                 w.due = now + rules.next_in * WATCH_POLL_NS
                 continue
             keys = w.keys
-            if isinstance(rules, Relaxed):      # a forced thaw ends a co-stop too
+            if isinstance(rules, RelaxedRules):      # a forced thaw ends a co-stop too
                 for v, k in zip(rules.vcpus, keys):
                     v.frozen = vcpus.frozen(k)
-            if w.long:                          # reported: only boost guests' are (Bcs)
+            if w.long:                          # reported: only boost guests' are (BoostRules)
                 acts = rules.step(now, seen, 0 if w.boost_failed else max(room, 0), long=w.long)
                 w.long = set()
             else:
                 acts = rules.step(now, seen, 0 if w.boost_failed else max(room, 0))
-            self._tell(w)
+            self._subscribe(w)
             w.due = now + rules.next_in * WATCH_POLL_NS
             if not w.boost_failed:
                 held = dict(acts.held)

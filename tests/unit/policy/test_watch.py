@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from cosched.kernel import status_field, switch_outs
-from cosched.policy.watch import CALM_LOOKS, SLOWEST, Bcs, Relaxed, Seen, on_cpu_unchanged
+from cosched.policy.watch import CALM_LOOKS, SLOWEST, BoostRules, Look, RelaxedRules, on_cpu_unchanged
 
 MS = 1_000_000
 
@@ -15,7 +15,7 @@ class Thread:
         self.run, self.picks, self.runnable, self.on_cpu, self.cpu = 0, 1, True, False, cpu
 
     def seen(self):
-        return Seen(self.runnable, self.cpu, self.run, self.picks, self.on_cpu)
+        return Look(self.runnable, self.cpu, self.run, self.picks, self.on_cpu)
 
     def runs(self, ns):            # on a CPU through the window (switched in first if it was not)
         if not self.on_cpu:
@@ -41,8 +41,8 @@ def poll(rules, now, threads, room=4):
 
 
 def test_on_cpu_follows_from_the_last_poll_only_while_nothing_changed():
-    running, queued = Seen(True, 0, 500, 3, True), Seen(True, 0, 500, 3, False)
-    asleep = Seen(False, 0, 500, 3, False)
+    running, queued = Look(True, 0, 500, 3, True), Look(True, 0, 500, 3, False)
+    asleep = Look(False, 0, 500, 3, False)
     assert on_cpu_unchanged(running, True, 500, 3) is True       # no switch-out: still on its CPU
     assert on_cpu_unchanged(queued, True, 500, 3) is False       # no switch-in: still queued
     assert on_cpu_unchanged(asleep, True, 500, 3) is False       # woken, not yet switched in
@@ -59,17 +59,17 @@ def test_bcs_boosts_a_wait_reported_long_at_the_first_look_that_sees_it():
     held; a report of a vCPU that no longer waits boosts nothing."""
     a, b = Thread(cpu=0), Thread(cpu=1)
     a.runs(MS)
-    looks, told = Bcs(2, boost_ns=2 * MS, pause_ns=2 * MS), Bcs(2, boost_ns=2 * MS, pause_ns=2 * MS)
+    looks, told = BoostRules(2, boost_ns=2 * MS, pause_ns=2 * MS), BoostRules(2, boost_ns=2 * MS, pause_ns=2 * MS)
     assert poll(looks, 0, [a, b]).boost == []
     assert sorted(told.step(0, [a.seen(), b.seen()], 4, long={1}).boost) == [0, 1]
-    late = Bcs(2, boost_ns=2 * MS, pause_ns=2 * MS)
+    late = BoostRules(2, boost_ns=2 * MS, pause_ns=2 * MS)
     b.picked()                                          # switched in between the report and the look
     assert late.step(0, [a.seen(), b.seen()], 4, long={1}).boost == []
 
 
 def test_bcs_boosts_a_waiting_sibling_until_it_has_run_and_holds_the_runner_meanwhile():
     a, b = Thread(cpu=0), Thread(cpu=1)
-    bcs = Bcs(2, boost_ns=2 * MS, pause_ns=2 * MS)
+    bcs = BoostRules(2, boost_ns=2 * MS, pause_ns=2 * MS)
     b.sleeps()
     assert poll(bcs, 0, [a, b]).boost == []            # a queued, b idle: nobody to co-start with
     a.runs(MS)
@@ -86,7 +86,7 @@ def test_bcs_boosts_a_waiting_sibling_until_it_has_run_and_holds_the_runner_mean
 
 def test_bcs_ends_a_boost_after_boost_ms_and_pauses_pause_ms_before_the_next():
     a, b = Thread(cpu=0), Thread(cpu=1)
-    bcs = Bcs(2, boost_ns=2 * MS, pause_ns=2 * MS)
+    bcs = BoostRules(2, boost_ns=2 * MS, pause_ns=2 * MS)
     a.runs(MS)
     poll(bcs, 0, [a, b])
     a.runs(MS)
@@ -106,7 +106,7 @@ def test_bcs_ends_a_boost_after_boost_ms_and_pauses_pause_ms_before_the_next():
 
 def test_bcs_pause_ms_zero_boosts_again_from_the_next_look():
     a, b = Thread(cpu=0), Thread(cpu=1)
-    bcs = Bcs(2, boost_ns=2 * MS, pause_ns=0)
+    bcs = BoostRules(2, boost_ns=2 * MS, pause_ns=0)
     a.runs(MS)
     poll(bcs, 0, [a, b])
     a.runs(MS)
@@ -125,7 +125,7 @@ def test_bcs_boosts_a_vcpu_again_only_once_its_last_boosts_period_is_over():
     again before 6 ms, whatever pause-ms: until then the kernel would hand
     it what its last boost left."""
     a, b = Thread(cpu=0), Thread(cpu=1)
-    bcs = Bcs(2, boost_ns=2 * MS, pause_ns=0, period_ns=5 * MS)
+    bcs = BoostRules(2, boost_ns=2 * MS, pause_ns=0, period_ns=5 * MS)
     for t in (0, 1):
         a.runs(MS)
         poll(bcs, t * MS, [a, b])
@@ -143,10 +143,10 @@ def test_bcs_boosts_a_vcpu_again_only_once_its_last_boosts_period_is_over():
 def test_bcs_with_fifo_boosts_within_a_period_with_sched_fifo_and_with_deadline_after_it():
     """With ``fifo``, a long wait of a vCPU whose last deadline boost began
     less than a period ago is boosted with SCHED_FIFO instead of held; a
-    SCHED_FIFO boost starts no period, and the kernel's hold (:meth:`Bcs.hold`)
+    SCHED_FIFO boost starts no period, and the kernel's hold (:meth:`BoostRules.hold`)
     binds only deadline boosts."""
     a, b = Thread(cpu=0), Thread(cpu=1)
-    bcs = Bcs(2, boost_ns=2 * MS, pause_ns=0, period_ns=5 * MS, fifo=True)
+    bcs = BoostRules(2, boost_ns=2 * MS, pause_ns=0, period_ns=5 * MS, fifo=True)
     for t in (0, 1):
         a.runs(MS)
         acts = poll(bcs, t * MS, [a, b])
@@ -195,7 +195,7 @@ def test_bcs_holds_sched_fifo_boosts_past_their_runtime_budget_until_the_window_
     has only SCHED_FIFO boosts, all counted."""
     from cosched.policy.watch import FIFO_WINDOW_NS
     a, b = Thread(cpu=0), Thread(cpu=1)
-    bcs = Bcs(2, boost_ns=2 * MS, pause_ns=0, period_ns=100 * MS, fifo=True, fifo_budget_ns=5 * MS)
+    bcs = BoostRules(2, boost_ns=2 * MS, pause_ns=0, period_ns=100 * MS, fifo=True, fifo_budget_ns=5 * MS)
     for i in (0, 1):                                    # no deadline boosts at all here
         bcs.hold(i, 10 * FIFO_WINDOW_NS) if fifo_why.startswith("held") else bcs.fifo_only(i)
     boosted, held = [], {}
@@ -223,7 +223,7 @@ def test_bcs_holds_sched_fifo_boosts_past_their_runtime_budget_until_the_window_
 
 def test_bcs_boosts_the_runner_first_when_siblings_share_a_cpu():
     a, b = Thread(cpu=1), Thread(cpu=1)                # CFS stacked both on CPU 1
-    bcs = Bcs(2, boost_ns=2 * MS, pause_ns=2 * MS)
+    bcs = BoostRules(2, boost_ns=2 * MS, pause_ns=2 * MS)
     a.runs(MS)
     poll(bcs, 0, [a, b])
     a.runs(MS)
@@ -243,7 +243,7 @@ def test_bcs_boosts_the_runner_first_when_siblings_share_a_cpu():
 
 def test_bcs_never_boosts_idle_vcpus_or_without_a_running_sibling():
     a, b, c = Thread(0), Thread(1), Thread(1)
-    bcs = Bcs(3, boost_ns=2 * MS, pause_ns=2 * MS)
+    bcs = BoostRules(3, boost_ns=2 * MS, pause_ns=2 * MS)
     poll(bcs, 0, [a, b, c])
     a.sleeps(), b.waits(), c.waits()                   # nobody ran: no trigger
     assert poll(bcs, 1 * MS, [a, b, c]).boost == []
@@ -253,19 +253,19 @@ def test_bcs_never_boosts_idle_vcpus_or_without_a_running_sibling():
 
 def test_bcs_respects_the_room_it_is_given():
     threads = [Thread(cpu=i) for i in range(4)]
-    bcs = Bcs(4, boost_ns=2 * MS, pause_ns=2 * MS)
+    bcs = BoostRules(4, boost_ns=2 * MS, pause_ns=2 * MS)
     threads[0].runs(MS)
     poll(bcs, 0, threads)
     threads[0].runs(MS)
     acts = poll(bcs, 1 * MS, threads, room=2)
     assert acts.boost == [1, 2] and acts.held == {"room": 1}    # vCPU 3 waits on: counted
-    assert poll(Bcs(4, 2 * MS, 2 * MS), 0, threads, room=0).boost == []
+    assert poll(BoostRules(4, 2 * MS, 2 * MS), 0, threads, room=0).boost == []
     assert poll(bcs, 1.5 * MS, threads, room=0).held == {}      # the same wait of vCPU 3: counted once
 
 
 def test_bcs_boosts_only_a_wait_seen_at_two_looks():
     a, b = Thread(cpu=0), Thread(cpu=1)
-    bcs = Bcs(2, boost_ns=2 * MS, pause_ns=2 * MS)
+    bcs = BoostRules(2, boost_ns=2 * MS, pause_ns=2 * MS)
     b.sleeps()
     poll(bcs, 0, [a, b])
     a.runs(MS), b.waits()                              # b woke: queued behind something
@@ -278,7 +278,7 @@ def test_bcs_boosts_only_a_wait_seen_at_two_looks():
 
 def test_bcs_looks_less_often_without_long_waits_and_at_once_when_one_may_start():
     a, b = Thread(cpu=0), Thread(cpu=1)
-    bcs = Bcs(2, boost_ns=2 * MS, pause_ns=2 * MS)
+    bcs = BoostRules(2, boost_ns=2 * MS, pause_ns=2 * MS)
     paces = []
     for t in range(CALM_LOOKS * 6):                    # both run on their own CPUs: no waits at all
         a.runs(MS), b.runs(MS)
@@ -304,7 +304,7 @@ def test_bcs_looks_at_a_guest_whose_vcpus_mostly_sleep_as_at_a_busy_one():
     its waits gain from boosts that come soon: looked at every fourth poll
     at the most, 19-41% of them were boosted within 1 ms, against 60-76%."""
     a, b = Thread(cpu=0), Thread(cpu=1)
-    bcs = Bcs(2, boost_ns=2 * MS, pause_ns=2 * MS)
+    bcs = BoostRules(2, boost_ns=2 * MS, pause_ns=2 * MS)
     for t in range(CALM_LOOKS * 4):                    # both run at a quarter of the looks, else both sleep
         if t % 4 == 0:
             a.runs(MS)
@@ -323,7 +323,7 @@ def test_bcs_looks_at_a_guest_whose_vcpus_mostly_sleep_as_at_a_busy_one():
 def test_relaxed_looks_sooner_as_a_lead_nears_costop_and_every_poll_while_it_costops():
     """No later than half the time the largest lead needs to pass costop-ms."""
     a, b = Thread(0), Thread(1)
-    rel = Relaxed(2, costop_ns=3 * MS, costart_ns=2 * MS, boost_ns=2 * MS, pause_ns=2 * MS, poll_ns=MS // 2)
+    rel = RelaxedRules(2, costop_ns=3 * MS, costart_ns=2 * MS, boost_ns=2 * MS, pause_ns=2 * MS, poll_ns=MS // 2)
     assert rel.next_in == 1                            # not looked at yet
     poll(rel, 0, [a, b])
     assert rel.next_in == 3                            # no lead: 3 ms to go, looked at within 1.5 ms
@@ -337,14 +337,14 @@ def test_relaxed_looks_sooner_as_a_lead_nears_costop_and_every_poll_while_it_cos
         a.runs(MS)
         poll(rel, t * MS, [a, b])
     assert rel.frozen == [0] and rel.next_in == 1      # co-stopped (and b boosted): every poll
-    assert Relaxed(2, 3 * MS, 2 * MS).next_in == 1     # no poll interval given: every poll
+    assert RelaxedRules(2, 3 * MS, 2 * MS).next_in == 1     # no poll interval given: every poll
 
 
 def test_relaxed_a_vcpu_asleep_at_the_last_look_owes_nothing_for_the_time_since():
     """Looked at 1.5 ms apart, a sibling that slept through most of it and
     now waits has not lagged the one that ran."""
     a, b = Thread(0), Thread(1)
-    rel = Relaxed(2, costop_ns=3 * MS, costart_ns=2 * MS, poll_ns=MS // 2)
+    rel = RelaxedRules(2, costop_ns=3 * MS, costart_ns=2 * MS, poll_ns=MS // 2)
     b.sleeps()
     poll(rel, 0, [a, b])
     a.runs(3 * MS // 2)
@@ -356,7 +356,7 @@ def test_relaxed_a_vcpu_asleep_at_the_last_look_owes_nothing_for_the_time_since(
 # -- relaxed ---------------------------------------------------------------
 def test_relaxed_costops_a_leader_and_costarts_it_when_the_laggard_caught_up():
     a, b = Thread(0), Thread(1)
-    rel = Relaxed(2, costop_ns=3 * MS, costart_ns=2 * MS)
+    rel = RelaxedRules(2, costop_ns=3 * MS, costart_ns=2 * MS)
     poll(rel, 0, [a, b])
     frozen_at = None
     for t in range(1, 5):                              # a runs, b waits behind another guest
@@ -378,7 +378,7 @@ def test_relaxed_credits_a_laggard_the_runs_no_poll_saw():
     """A laggard seen queued at every poll that still ran in between (the
     switcher's wake-up preempts a vCPU on its CPU) catches up by what it ran."""
     a, b = Thread(0), Thread(1)
-    rel = Relaxed(2, costop_ns=3 * MS, costart_ns=2 * MS)
+    rel = RelaxedRules(2, costop_ns=3 * MS, costart_ns=2 * MS)
     poll(rel, 0, [a, b])
     for t in range(1, 5):
         a.runs(MS)
@@ -394,7 +394,7 @@ def test_relaxed_credits_a_laggard_the_runs_no_poll_saw():
 
 def test_relaxed_an_idle_vcpu_does_not_lag():
     a, b = Thread(0), Thread(1)
-    rel = Relaxed(2, costop_ns=3 * MS, costart_ns=2 * MS)
+    rel = RelaxedRules(2, costop_ns=3 * MS, costart_ns=2 * MS)
     poll(rel, 0, [a, b])
     b.sleeps()
     for t in range(1, 50):
@@ -407,20 +407,20 @@ def test_relaxed_an_idle_vcpu_does_not_lag():
 
 def test_relaxed_boosts_the_waiting_laggard_while_a_sibling_is_costopped():
     a, b = Thread(0), Thread(1)
-    rel = Relaxed(2, costop_ns=3 * MS, costart_ns=2 * MS, boost_ns=2 * MS, pause_ns=2 * MS)
+    rel = RelaxedRules(2, costop_ns=3 * MS, costart_ns=2 * MS, boost_ns=2 * MS, pause_ns=2 * MS)
     poll(rel, 0, [a, b])
     boosts = []
     for t in range(1, 6):
         a.runs(MS)
         boosts += poll(rel, t * MS, [a, b]).boost
     assert rel.frozen == [0] and boosts == [1]
-    assert Relaxed(2, 3 * MS, 2 * MS).bcs is None      # boost off: no boosts at all
+    assert RelaxedRules(2, 3 * MS, 2 * MS).boost_rules is None      # boost off: no boosts at all
 
 
 def test_relaxed_counts_a_laggard_wait_it_could_not_boost():
     """A waiting laggard left unboosted for want of room is counted, as under ``boost``."""
     a, b = Thread(0), Thread(1)
-    rel = Relaxed(2, costop_ns=3 * MS, costart_ns=2 * MS, boost_ns=2 * MS, pause_ns=2 * MS)
+    rel = RelaxedRules(2, costop_ns=3 * MS, costart_ns=2 * MS, boost_ns=2 * MS, pause_ns=2 * MS)
     poll(rel, 0, [a, b], room=0)
     held: dict[str, int] = {}
     for t in range(1, 6):
@@ -444,9 +444,9 @@ def test_noisy_streams_never_freeze_every_vcpu_and_bound_boosts(n, script, cpus,
     a vCPU come a period apart at least, and its SCHED_FIFO boosts stay
     within their budget."""
     threads = [Thread(cpu=cpus[i]) for i in range(n)]
-    rel = Relaxed(n, costop_ns=3 * MS, costart_ns=2 * MS, boost_ns=2 * MS, pause_ns=pause)
-    bcs = Bcs(n, boost_ns=2 * MS, pause_ns=pause)
-    fifo = Bcs(n, boost_ns=2 * MS, pause_ns=pause, period_ns=5 * MS, fifo=True, fifo_budget_ns=5 * MS)
+    rel = RelaxedRules(n, costop_ns=3 * MS, costart_ns=2 * MS, boost_ns=2 * MS, pause_ns=pause)
+    bcs = BoostRules(n, boost_ns=2 * MS, pause_ns=pause)
+    fifo = BoostRules(n, boost_ns=2 * MS, pause_ns=pause, period_ns=5 * MS, fifo=True, fifo_budget_ns=5 * MS)
     fifo_since: dict[int, int] = {}
     fifo_spent = [0] * n
     deadline_at: dict[int, int] = {}

@@ -525,7 +525,7 @@ def test_a_wait_the_meter_reports_long_gets_a_calm_guest_looked_at_and_boosted_a
     procs.write(101)
     assert sw.tick() > clock.now and sched.calls == []   # not due: nothing looked at
     reports.pending = [101, 999]                         # a thread it does not watch: ignored
-    sw.told(clock.now)
+    sw.take_reports(clock.now)
     sw.tick()
     assert sched.attrs[101] == boost_attr(2)
     assert reports.watching == {100, 101}                # a wait reported long leaves the pace as it was
