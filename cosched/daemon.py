@@ -135,7 +135,7 @@ class Daemon:
         for e in self.presets.errors:
             log.warning("action=preset-invalid error=%r", e)
 
-    def _settling(self) -> bool:
+    def _vcpus_unplaced(self) -> bool:
         """A guest's vCPU threads are not in their own cgroups yet (QEMU just started)."""
         snap = self.snapshot
         return snap is not None and bool(snap.host.cgroup2_mount) and any(
@@ -143,8 +143,8 @@ class Daemon:
 
     def _discovery_loop(self) -> None:
         while not self.stop.is_set():
-            settle = not self.source.connected or self._settling()
-            timeout = 0.5 if settle else self.config.resync_interval_s
+            soon = not self.source.connected or self._vcpus_unplaced()
+            timeout = 0.5 if soon else self.config.resync_interval_s
             self.wake.wait(timeout)
             if self.stop.is_set():
                 return

@@ -24,7 +24,7 @@ log = logging.getLogger("cosched.admission")
 
 RECOUNT_DIR = "cosched-recount"
 ASLEEP_WAIT_S = 0.5         # a new ``cat`` blocks reading its pipe within milliseconds
-SETTLE_MAX_NS = 1_000_000_000   # the longest wait for released bandwidth (a boost's: milliseconds)
+RELEASE_WAIT_MAX_NS = 1_000_000_000   # the longest wait for released bandwidth (a boost's: milliseconds)
 
 
 class Admission:
@@ -152,17 +152,17 @@ class Admission:
         return None
 
 
-def settle(fs: HostFS, sched, until: int = 0, sleep=time.sleep) -> str | None:
+def recount_after_release(fs: HostFS, sched, until: int = 0, sleep=time.sleep) -> str | None:
     """After cosched's last deadline return: wait until the kernel has let
     go of the bandwidth its returns left counted (``until``, a switcher's
     :meth:`~cosched.actuators.sched.SchedKnob.released_by`, and ``sched``'s
-    own, on its clock; :data:`SETTLE_MAX_NS` at most), then check the total
+    own, on its clock; :data:`RELEASE_WAIT_MAX_NS` at most), then check the total
     and recount it if it is wrong (:meth:`Admission.repair`): a pinning
     change made meanwhile (the daemon's exit and ``cosched reset`` put
     pinning back) must not leave it wrong after cosched has gone."""
     admission = Admission(fs, put=sched.set, sleep=sleep)
     admission.cleanup()
-    wait = min(max(until, sched.released_by()) - sched.clock(), SETTLE_MAX_NS)
+    wait = min(max(until, sched.released_by()) - sched.clock(), RELEASE_WAIT_MAX_NS)
     if wait > 0:
         sleep(wait / 1e9)
     try:

@@ -6,7 +6,7 @@ did not exit cleanly; ``cosched reset`` without a running daemon. Each knob
 restores its own entries (:func:`cosched.actuators.journal.restore`, in the
 journal's order); then, once the boosts' bandwidth is released, the deadline
 admission total is checked and recounted if wrong
-(:func:`cosched.actuators.admission.settle`): boosts returned while pinning
+(:func:`cosched.actuators.admission.recount_after_release`): boosts returned while pinning
 went back can leave it wrong for every program on the host.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import os
 
 from cosched.actuators import journal as jr
 from cosched.actuators import knobs
-from cosched.actuators.admission import settle
+from cosched.actuators.admission import recount_after_release
 from cosched.hostfs import HostFS
 
 log = logging.getLogger("cosched.engine")
@@ -30,16 +30,16 @@ def restore(journal: jr.Journal, every: dict, kinds=jr.ORDER) -> list[str]:
     return problems
 
 
-def settled(fs: HostFS, sched, released_by: int = 0) -> list[str]:
+def recount_admission(fs: HostFS, sched, released_by: int = 0) -> list[str]:
     """The deadline admission total checked (and recounted if wrong) once the
     bandwidth of boosts released by ``released_by`` (monotonic ns) is free."""
-    problem = settle(fs, sched, released_by)
+    problem = recount_after_release(fs, sched, released_by)
     return [problem] if problem else []
 
 
 def undo(journal: jr.Journal, every: dict, fs: HostFS, kinds=jr.ORDER, released_by: int = 0) -> list[str]:
-    """Restore these kinds, then settle the admission total; the problems."""
-    return restore(journal, every, kinds) + settled(fs, every["sched"], released_by)
+    """Restore these kinds, then have the admission total recounted where wrong; the problems."""
+    return restore(journal, every, kinds) + recount_admission(fs, every["sched"], released_by)
 
 
 def reset(journal_path: str, fs: HostFS) -> list[str]:

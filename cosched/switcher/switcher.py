@@ -12,7 +12,7 @@ import logging
 import time
 from typing import Callable
 
-from cosched.actuators.admission import SETTLE_MAX_NS, Admission
+from cosched.actuators.admission import RELEASE_WAIT_MAX_NS, Admission
 from cosched.actuators.sched import SchedKnob
 from cosched.hostfs import HostFS
 from cosched.policy.plan import WATCHED
@@ -60,7 +60,7 @@ class Switcher:
         self._last_check = clock()                   # when the total was last checked (monotonic ns): the
                                                      # daemon checked it when it started (Engine.recover)
         self._refused = False                        # a boost was refused since the last check
-        self.settling: int | None = None             # since when no boost starts: the total is checked then
+        self.checking_since: int | None = None             # since when no boost starts: the total is checked then
 
     @property
     def long_waits(self):
@@ -133,8 +133,8 @@ class Switcher:
         self.vcpus.thaw_stalled(now, self.max_stall_ns)
         watching = self.watching
         if watching.next_poll is not None and now >= watching.next_poll:
-            room = 0 if self.settling is not None else self.max_boosted - watching.boosted()
-            self._refused |= watching.poll(now, room, checking=self.settling is not None)
+            room = 0 if self.checking_since is not None else self.max_boosted - watching.boosted()
+            self._refused |= watching.poll(now, room, checking=self.checking_since is not None)
             watching.after_poll()
         self._check_admission(now)
         deadlines = self.rotation.deadlines() + ([watching.next_poll] if watching.next_poll is not None else [])
@@ -144,18 +144,18 @@ class Switcher:
         """Check the deadline admission total when due, with no boost held
         and nothing released pending (``docs/design/admission.md``), and
         recount it if it is wrong. No boost starts while it waits for that
-        (``settling``)."""
+        (``checking_since``)."""
         released = self.sched.released_by()
         quiet = not self.sched.holding() and now >= released
-        if self.settling is None:
+        if self.checking_since is None:
             every = REFUSED_CHECK_NS if self._refused and quiet else ADMISSION_CHECK_NS
             if not ((self._refused or released > self._checked) and now >= self._last_check + every):
                 return
-            self.settling = now                      # no boost starts meanwhile (poll)
-        if not quiet and now - self.settling < SETTLE_MAX_NS:
+            self.checking_since = now                      # no boost starts meanwhile (poll)
+        if not quiet and now - self.checking_since < RELEASE_WAIT_MAX_NS:
             return
-        # releases still pending after SETTLE_MAX_NS are left to the next check
-        self._refused, self._checked, self._last_check, self.settling = False, min(released, now), now, None
+        # releases still pending after RELEASE_WAIT_MAX_NS are left to the next check
+        self._refused, self._checked, self._last_check, self.checking_since = False, min(released, now), now, None
         problem = self.admission.repair()
         self.admission_wrong = problem is not None
         if problem:

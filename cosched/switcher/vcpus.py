@@ -120,14 +120,14 @@ class Vcpus:
     def unboost(self, key, siblings: tuple = ()) -> None:
         """Return a boosted thread to exactly the attributes recorded for it.
         ``siblings``: the keys of its guest's vCPUs where the guest is
-        watched, none of which may stay frozen all at once (:meth:`_still`)."""
+        watched, none of which may stay frozen all at once (:meth:`_frozen_meanwhile`)."""
         st = self.state.get(key)
         if st is None or not st.boosted:
             return
         name, v = self.info[key]
         original = self.original[key]
         try:
-            self.sched.apply(v.tid, original, still=(lambda: self._still(key, siblings)) if v.freeze else None)
+            self.sched.apply(v.tid, original, still=(lambda: self._frozen_meanwhile(key, siblings)) if v.freeze else None)
         except OSError as e:
             if e.errno not in GONE:
                 self.error(f"domain={name} vcpu={v.index} unboost to {original}: {os.strerror(e.errno)}")
@@ -135,7 +135,7 @@ class Vcpus:
         st.boosted = False
 
     @contextlib.contextmanager
-    def _still(self, key, siblings: tuple):
+    def _frozen_meanwhile(self, key, siblings: tuple):
         """Keep a vCPU from running (its cgroup frozen, unless it is already)
         while its boost is taken back through the zero reservation: one
         that woke between the two calls ran at that reservation's rate and

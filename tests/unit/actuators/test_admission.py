@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from cosched.actuators.admission import RECOUNT_DIR, Admission, settle
+from cosched.actuators.admission import RECOUNT_DIR, Admission, recount_after_release
 from cosched.actuators.sched import SchedAttr, zero_bandwidth
 from cosched.hostfs import HostFS
 
@@ -113,15 +113,15 @@ def test_repair_recounts_only_a_wrong_total_and_names_what_is_still_wrong(cgfs):
     assert "cannot be recounted" in v2 and "no v1 cpuset hierarchy" in v2
 
 
-def test_settle_waits_for_the_released_bandwidth_then_repairs(cgfs, tmp_path):
+def test_the_recount_waits_for_the_released_bandwidth_then_repairs(cgfs, tmp_path):
     from tests.support.fakehost import FakeSched
     now = [1_000_000_000]
     knob = FakeSched().knob(cgfs, clock=lambda: now[0])
     knob._released = now[0] + 30_000_000
     slept = []
-    assert settle(cgfs, knob, until=now[0] + 20_000_000, sleep=slept.append) is None
+    assert recount_after_release(cgfs, knob, until=now[0] + 20_000_000, sleep=slept.append) is None
     knob._released = now[0] + 60_000_000_000          # bounded: a second at most
-    settle(cgfs, knob, sleep=slept.append)
+    recount_after_release(cgfs, knob, sleep=slept.append)
     assert slept == [pytest.approx(0.030), pytest.approx(1.0)]
 
 

@@ -1002,7 +1002,7 @@ def test_the_admission_total_is_checked_once_boosts_are_over_after_releases_or_r
     assert admission.repairs == 0                    # a second after the switcher started at most
     assert sw.take_stats().admission_wrong is None  # not checked yet
     at(1000)
-    assert admission.repairs == 1 and sw.settling is None   # nothing held or pending: checked at once
+    assert admission.repairs == 1 and sw.checking_since is None   # nothing held or pending: checked at once
     assert sw.take_stats().admission_wrong is False
     knob._released = 1600 * MS
     at(1600)
@@ -1029,7 +1029,7 @@ def test_the_admission_total_is_checked_once_boosts_are_over_after_releases_or_r
     knob._deadline[999] = (0, SchedAttr())           # a boost held, and one released at 4.35 s
     knob._released = 4350 * MS
     at(4300)
-    assert sw.settling == 4300 * MS and admission.repairs == 4
+    assert sw.checking_since == 4300 * MS and admission.repairs == 4
     before = boosts()
     at(4320)
     assert boosts() == before                        # none starts meanwhile
@@ -1041,24 +1041,24 @@ def test_the_admission_total_is_checked_once_boosts_are_over_after_releases_or_r
     at(end - 1)
     assert admission.repairs == 4 and boosts() == before
     at(end + 1)
-    assert admission.repairs == 5 and sw.settling is None
+    assert admission.repairs == 5 and sw.checking_since is None
     at(end + 2)
     assert boosts() > before                         # boosting again
     knob._deadline[999] = (0, SchedAttr())           # a boost that never ends: the check waits a second at most
     knob._released = 9000 * MS                       # and a release far ahead
     at(end + 1002)
-    assert sw.settling == (end + 1002) * MS
+    assert sw.checking_since == (end + 1002) * MS
     at(end + 2001)
     assert admission.repairs == 5
     at(end + 2003)
-    assert admission.repairs == 6 and sw.settling is None
+    assert admission.repairs == 6 and sw.checking_since is None
     sched.fail["deadline"] = errno.EBUSY             # refused while a boost is held: once a second still
     refused = sw.counters.held["refused"]
     at(end + 2050)
     at(end + 2200)
-    assert sw.counters.held["refused"] > refused and sw.settling is None
+    assert sw.counters.held["refused"] > refused and sw.checking_since is None
     at(end + 3004)
-    assert sw.settling == (end + 3004) * MS          # what was still pending is checked again
+    assert sw.checking_since == (end + 3004) * MS          # what was still pending is checked again
 
 
 def test_a_long_wait_not_boosted_while_the_admission_total_is_checked_is_counted_as_check(tmp_path):
@@ -1067,7 +1067,7 @@ def test_a_long_wait_not_boosted_while_the_admission_total_is_checked_is_counted
     sw = Switcher(fs, 500 * MS, sched=sched.knob(fs, clock), clock=clock, admission=FakeAdmission())
     sw.apply(watched("boost", replace(member("a"), boost_ms=2)))
     sw.sched._deadline[999] = (0, SchedAttr())          # a boost held elsewhere: the check waits
-    sw.settling = 0
+    sw.checking_since = 0
     for _ in range(10):
         clock.now += POLL
         procs.runs(100)                                  # 101 waits behind the running 100
