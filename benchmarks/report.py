@@ -544,10 +544,13 @@ def mixed(res: dict) -> list[str]:
         static = [m for m in modes if not m.startswith("auto")]
         if "auto" in sums and static:
             top = max(static, key=lambda m: sums[m])
-            worst = min((_median(rel["auto"][g]) or 0) / max(_median(rel[m][g]) or 0 for m in static)
-                        for g in names if any(_median(rel[m][g]) for m in static))
+            best = {g: max(static, key=lambda m: _median(rel[m][g]) or 0) for g in names
+                    if any(_median(rel[m][g]) for m in static)}
+            floor = {g: (_median(rel["auto"][g]) or 0) / _median(rel[best[g]][g]) for g in best}
+            worst = min(floor, key=floor.get)
             lines += [f"auto's sum is {sums['auto'] / sums[top]:.2f}× that of the best static policy ({top}); "
-                      f"the guest auto serves worst gets {worst:.2f}× its own best static policy. Modes auto "
+                      f"the guest auto serves worst ({rs[0]['guest_workloads'][worst]}) gets {floor[worst]:.2f}× "
+                      f"its own best static policy ({best[worst]}). Modes auto "
                       f"chose: " + "; ".join(f"{rs[0]['guest_workloads'][g]} "
                                             f"{', '.join(sorted({r['modes']['end'][g] for r in rs if r['mode'] == 'auto' and r['modes']['end'].get(g)}))}"
                                             for g in names) + ".", ""]

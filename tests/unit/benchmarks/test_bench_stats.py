@@ -433,6 +433,8 @@ def test_mixed_rows_are_told_apart_by_name_and_judged_on_medians():
     assert "mixed busy-x2 (2 guests)" in text and "mixed x2 (2 guests)" in text
     assert "| cfs | 0.50 | 0.30 | 0.80 |" in text                  # medians of (0.5, 0.4, 0.9) and (0.2, 0.3, 0.9)
     assert "CPU time allows a sum of at most 1.50" in text and "ep threads=1 none+slot" in text
+    # the floor names its guest and the mode it is measured against
+    assert "the guest auto serves worst (ep threads=1) gets 1.00× its own best static policy (cfs)" in text
 
 
 def test_each_mixed_row_says_whether_auto_was_tuned_on_it():
