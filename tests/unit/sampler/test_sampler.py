@@ -407,3 +407,19 @@ def test_the_meter_starts_each_thread_in_the_state_proc_shows(fake, fs):
     meter = FakeMeter()
     Sampler(fs, 0.01, lambda: snap, meter=meter).step(now_ns=0)
     assert meter.states == {101: RUNNING, 102: WAITING, 103: SLEEPING}
+
+
+def test_a_full_meter_map_is_named_in_the_error_that_turns_the_meter_off():
+    import ctypes
+    import errno
+
+    from cosched.sampler.meter import _Guest, _put
+
+    class FullMap:
+        def bpf_map_update_elem(self, fd, key, value, flags):
+            ctypes.set_errno(errno.E2BIG)
+            return -1
+
+    with pytest.raises(OSError) as e:
+        _put(FullMap(), 3, 7, _Guest(), "add guest 7")
+    assert e.value.errno == errno.E2BIG and "add guest 7" in str(e.value) and "maps are full" in str(e.value)
