@@ -1,7 +1,7 @@
 """The daemon: runs discovery, sampling and the engine in their threads.
 
 Threads: ``libvirt-events`` (libvirt's event loop), ``discovery`` (resync on
-events, on a vanished vCPU, and every ``resync_interval_s``), ``sampler``
+events, when a vCPU thread is gone, and every ``resync_interval_s``), ``sampler``
 (schedstat every ``sample_interval_ms``), the metrics HTTP server and the
 control socket. The main thread tells systemd how it is doing (READY, STATUS,
 a watchdog that is fed only while sampling and discovery are alive: see

@@ -1,6 +1,6 @@
 """The engine: reconcile the plan onto the host, by difference.
 
-On every new snapshot (libvirt event, vanished thread, periodic resync) the
+On every new snapshot (libvirt event, a vCPU thread gone, periodic resync) the
 daemon calls :meth:`Engine.reconcile` with it and its plan, which the
 engine never computes itself (:func:`cosched.policy.resolve.resolve` does):
 

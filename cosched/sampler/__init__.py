@@ -19,7 +19,7 @@ it), keeps descriptors open per vCPU thread (:mod:`.proc`), and samples on an
 absolute-time schedule so a late wake-up shortens the next sleep instead of
 drifting. How each figure is estimated, and its error bound, is in
 :mod:`cosched.sampler.estimate`.
-A thread that vanished (ESRCH/ENOENT) is dropped and ``on_vanished`` asks
+A thread that is gone (ESRCH/ENOENT) is dropped and ``on_gone`` asks
 discovery for a resync.
 
 A vCPU's lag counts the time cosched held it co-stopped. Where the kernel
@@ -66,7 +66,7 @@ REST_AVERAGE_S = 10.0     # the rest of the daemon is bursty (a resync every 5 s
 
 class Sampler:
     def __init__(self, fs: HostFS, interval: float, snapshot: Callable[[], Snapshot | None],
-                 on_vanished: Callable[[], None] = lambda: None,
+                 on_gone: Callable[[], None] = lambda: None,
                  costop: Callable[[], dict[tuple[str, int], float]] = dict, budget: float = 0.02,
                  meter: Meter | None = None, meter_error: str | None = None):
         self.fs = fs
@@ -80,7 +80,7 @@ class Sampler:
         self.rest = 0.0             # recent CPU of the daemon's other threads, fraction of one CPU
         self._logged = interval
         self.snapshot = snapshot
-        self.on_vanished = on_vanished
+        self.on_gone = on_gone
         self.costop = costop
         self.domains: dict[str, DomainStats] = {}
         self.lock = threading.Lock()
@@ -153,11 +153,11 @@ class Sampler:
                 except OSError as e:
                     self._meter_off(e)
             costop = self.costop() if reading is None else {}
-            vanished = False
+            any_gone = False
             for uuid, stats in self.domains.items():
                 gone, w = (self.metered.window(uuid, stats, reading, dt) if reading is not None
                            else self.proc.window(uuid, stats, costop, dt))
-                vanished = vanished or gone
+                any_gone = any_gone or gone
                 if w is not None:
                     stats.hazard += w.hazard
                     stats.partial += w.partial
@@ -165,9 +165,9 @@ class Sampler:
                     stats.skew.observe(w.skew)
                     stats.last_skew = w.skew
             self.samples += 1
-        if vanished:
-            log.info("action=vcpu-vanished resync=requested")
-            self.on_vanished()
+        if any_gone:
+            log.info("action=vcpu-gone resync=requested")
+            self.on_gone()
 
     def stretch(self, cost: float | None, rest: float | None = None, elapsed: float = 0.0) -> float:
         """Take one pass's CPU seconds (None: not a guide) and the CPU fraction

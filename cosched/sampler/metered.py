@@ -71,20 +71,20 @@ class Metered:
         contention, and skew from each vCPU's exact lag (wait + frozen)."""
         known = self._metered.get(uuid)
         guest = reading.guests.get(known[0]) if known else None
-        lags, vanished = [], False
+        lags, gone = [], False
         for index in sorted(stats.vcpus):
             v = stats.vcpus[index]
             t = reading.threads.get(v.tid)
             if t is None or t.state == DEAD:
                 close_vcpu(stats.vcpus.pop(index))
-                vanished = True
+                gone = True
                 continue
             v.run_ns, v.wait_ns = v.base[0] + int(t.run * 1e9), v.base[1] + int(t.wait * 1e9)
             lag = t.wait + t.frozen
             lags.append(lag - v.lag)
             v.lag = lag
         if guest is None or dt <= 0 or not lags:
-            return vanished, None
+            return gone, None
         hazard, partial = guest.hazard - stats.metered[0], guest.partial - stats.metered[1]
         stats.metered = (guest.hazard, guest.partial)
-        return vanished, Window(dt, hazard, partial, max(lags) - min(lags))
+        return gone, Window(dt, hazard, partial, max(lags) - min(lags))

@@ -116,16 +116,16 @@ class Proc:
     def window(self, uuid: str, stats: DomainStats, costop: dict[tuple[str, int], float],
                dt: float) -> tuple[bool, Window | None]:
         """One domain's window from its vCPUs' schedstat and stat (whether a
-        thread vanished, the window or None)."""
+        thread gone, the window or None)."""
         placed, stopped, cpus = [], [], []
-        vanished = False
+        gone = False
         for index in sorted(stats.vcpus):
             v = stats.vcpus[index]
             try:
                 run, wait = read_schedstat(v.fd)
             except (OSError, ValueError, IndexError):
                 close_vcpu(stats.vcpus.pop(index))
-                vanished = True
+                gone = True
                 continue
             runnable, cpu = read_state(v.stat_fd)
             waiting, v.runnable = v.runnable and runnable, runnable
@@ -138,9 +138,9 @@ class Proc:
                 stopped.append(min(d_costop, dt))
                 cpus.append(stayed)
         if dt <= 0 or not placed:
-            return vanished, None
+            return gone, None
         # a guest whose vCPUs all slept through the window (most of them, on a big host):
         # nothing to estimate, the window is one of no hazard, contention or skew
         if not any(r or w for r, w in placed) and not any(stopped):
-            return vanished, Window(dt, 0.0, 0.0, 0.0)
-        return vanished, estimate(dt, placed, stopped, cpus)
+            return gone, Window(dt, 0.0, 0.0, 0.0)
+        return gone, estimate(dt, placed, stopped, cpus)

@@ -219,10 +219,10 @@ def test_costop_counts_in_the_window_it_happened(fake, fs, kernel_counts):
     assert skews == ([pytest.approx(0.01), 0.0] if kernel_counts else [pytest.approx(0.01), pytest.approx(0.01)])
 
 
-def test_vanished_thread_requests_resync(fake, fs):
+def test_a_thread_gone_requests_resync(fake, fs):
     snap = make_snapshot(fake, fs, {0: 101, 1: 102})
     asked = []
-    s = Sampler(fs, 0.01, lambda: snap, on_vanished=lambda: asked.append(1))
+    s = Sampler(fs, 0.01, lambda: snap, on_gone=lambda: asked.append(1))
     s.step(now_ns=0)
     # the fake cannot make an open descriptor fail, so swap in a closed one
     import os
@@ -359,7 +359,7 @@ def test_a_thread_the_meter_saw_exit_requests_resync_and_a_new_one_restarts_the_
     from cosched.sampler.meter import DEAD, SLEEPING
     snap = make_snapshot(fake, fs, {0: 101, 1: 102})
     asked, meter = [], FakeMeter()
-    s = Sampler(fs, 0.01, lambda: current[0], on_vanished=lambda: asked.append(1), meter=meter)
+    s = Sampler(fs, 0.01, lambda: current[0], on_gone=lambda: asked.append(1), meter=meter)
     current = [snap]
     s.step(now_ns=0)
     meter.threads = {101: (SLEEPING, 0.5, 0.25, 0.0), 102: (DEAD, 0.1, 0.0, 0.0)}
