@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from cosched.runbook import anchor
+
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted([ROOT / "README.md", ROOT / "CHANGELOG.md", *(ROOT / "docs").rglob("*.md"),
                 *(ROOT / "benchmarks").glob("*.md")])
@@ -15,14 +17,10 @@ FENCE = re.compile(r"^```.*?^```", re.M | re.S)
 
 
 def anchors(page: Path) -> set[str]:
-    """The anchors GitHub gives a page's headings: lower case, punctuation
-    but ``-`` and ``_`` dropped, spaces as dashes."""
-    out = set()
-    for line in FENCE.sub("", page.read_text()).splitlines():
-        if line.startswith("#"):
-            title = line.lstrip("#").strip().lower()
-            out.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
-    return out
+    """The anchors of a page's headings, spelled as the daemon's runbook
+    page spells them (GitHub's spelling)."""
+    return {anchor(line.lstrip("#")) for line in FENCE.sub("", page.read_text()).splitlines()
+            if line.startswith("#")}
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
