@@ -60,7 +60,7 @@ class Switcher:
         self._last_check = clock()                   # when the total was last checked (monotonic ns): the
                                                      # daemon checked it when it started (Engine.recover)
         self._refused = False                        # a boost was refused since the last check
-        self.checking_since: int | None = None             # since when no boost starts: the total is checked then
+        self.checking_since: int | None = None       # since when no boost starts: the total is checked then
 
     @property
     def long_waits(self):

@@ -45,7 +45,7 @@ class Watched:
     seen: list[Look | None] = field(default_factory=list)    # the last look's
     due: int = 0                                             # when its next look is (monotonic ns)
     long: set[int] = field(default_factory=set)              # vCPUs reported in a long wait since the last look
-    subscribed: bool = False                                       # the meter reports its long waits (Watching._subscribe)
+    subscribed: bool = False                                 # the meter reports its long waits (Watching._subscribe)
     back: tuple = ()                                         # its vCPUs' returns (VcpuReturn or None) it was given
 
 
