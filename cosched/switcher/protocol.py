@@ -101,8 +101,8 @@ _NESTED = {(Plan, "cells"): Cell, (Cell, "members"): Member, (Member, "vcpus"): 
 
 def encode(msg) -> str:
     """One line of JSON for a message: its dataclasses as objects of their
-    fields (``vars``: what ``asdict`` gives, without its deep copies, at a
-    third of the cost), tuples as arrays."""
+    fields (``vars``: what ``asdict`` gives, without its deep copies),
+    tuples as arrays."""
     return json.dumps(msg, default=vars, separators=(",", ":")) + "\n"
 
 
