@@ -87,7 +87,7 @@ struct guest {				/* per guest: how many of its threads run and wait */
 /*
  * At most CAPACITY threads, guests and watched threads at once. A batch read
  * walks every bucket of a hash map, full or not: at 65,536 the daemon's two
- * reads took 112-124 us, at 8,192 57-76 us (8 threads followed, 2-CPU
+ * reads took a median 199 us, at 8,192 87 us (8 threads followed, 2-CPU
  * development host, docs/decisions/0019-meter-map-size.md).
  */
 #define CAPACITY 8192
