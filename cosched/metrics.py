@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from socketserver import ThreadingMixIn
 from typing import Callable
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -65,6 +66,11 @@ class CoschedCollector:
             "Time covered by sampling windows (denominator for hazard and contention fractions)",
             labels=["domain"],
         )
+        until = GaugeMetricFamily(
+            "cosched_domain_observed_timestamp_seconds",
+            "Unix time at which the domain's last sampling window ended: its counters are as of then",
+            labels=["domain"],
+        )
         skew = HistogramMetricFamily(
             "cosched_domain_skew_seconds",
             "Per sampling window: largest difference between two sibling vCPUs' lag (wait + costop)",
@@ -102,8 +108,10 @@ class CoschedCollector:
             hazard.add_metric([d.name], v.hazard)
             partial.add_metric([d.name], v.partial)
             observed.add_metric([d.name], v.observed)
+            if v.until is not None:
+                until.add_metric([d.name], time.time() - (time.monotonic() - v.until))
             skew.add_metric([d.name], [(le, c) for le, c in v.skew_buckets], v.skew_sum)
-        yield from (info, error, run, wait, costop, costops, boosts, mode, hazard, partial, observed, skew)
+        yield from (info, error, run, wait, costop, costops, boosts, mode, hazard, partial, observed, until, skew)
         if stats is not None:
             yield from self._engine_metrics(stats)
         if self.health is not None:

@@ -162,6 +162,7 @@ class Sampler:
                     stats.hazard += w.hazard
                     stats.partial += w.partial
                     stats.observed += dt
+                    stats.until = now_ns / 1e9
                     stats.skew.observe(w.skew)
                     stats.last_skew = w.skew
             self.samples += 1
@@ -234,6 +235,7 @@ class Sampler:
                     skew_sum=d.skew.total,
                     skew_count=sum(d.skew.counts),
                     last_skew=d.last_skew,
+                    until=d.until,
                 )
                 for uuid, d in self.domains.items()
             }

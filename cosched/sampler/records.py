@@ -32,6 +32,7 @@ class DomainStats:
     hazard: float = 0.0
     partial: float = 0.0
     observed: float = 0.0       # seconds of windows measured
+    until: float | None = None  # CLOCK_MONOTONIC seconds at which the last window measured ended
     skew: Histogram = field(default_factory=lambda: Histogram(SKEW_BUCKETS))
     last_skew: float = 0.0
     metered: tuple[float, float] = (0.0, 0.0)   # metered: last hazard and partial seconds
@@ -65,3 +66,4 @@ class DomainView:
     skew_sum: float
     skew_count: int
     last_skew: float
+    until: float | None = None  # CLOCK_MONOTONIC seconds: the figures are as of then (the last window's end)

@@ -44,6 +44,16 @@ def test_contract_metric_names_and_labels(fake, fs):
     assert "tid" not in text and "pid" not in text
 
 
+def test_a_domains_figures_say_when_its_last_window_ended(fake, fs):
+    """The end of the last window counted, as Unix time: the scrape reads
+    figures as of then (here a window that ended at monotonic 3 s)."""
+    import time
+    text = scrape(fake, fs)
+    (line,) = [x for x in text.splitlines() if x.startswith('cosched_domain_observed_timestamp_seconds{domain="vm1"}')]
+    ended = float(line.split()[-1])
+    assert ended == pytest.approx(time.time() - (time.monotonic() - 3.0), abs=0.5)
+
+
 def test_host_wide_side_effects_are_metrics():
     """RT runtime stranded in removed cgroups and a deadline admission total
     cosched could not recount, from the switcher's reports as the engine
