@@ -138,15 +138,21 @@ SKEW_WINDOW = 0.010       # the daemon's default sampling interval (its period, 
 def scrape(daemon: DaemonProcess) -> dict:
     """The figures this suite reads from ``/metrics``: per-domain hazard,
     observed and skew (sum, count), per-vCPU run and wait (``vcpus``, keyed
-    ``(domain, vcpu)``), and the switch and lateness histograms."""
+    ``(domain, vcpu)``), the switch and lateness histograms, and per domain
+    ``until``: when the sampling window its figures end with ended
+    (``CLOCK_MONOTONIC`` seconds; a scrape reads the last window closed)."""
     out: dict = {"domains": {}, "vcpus": {}, "hist": {}}
-    for fam in text_string_to_metric_families(daemon.metrics()):
+    text = daemon.metrics()
+    unix_to_monotonic = time.monotonic() - time.time()
+    for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             dom = s.labels.get("domain")
             if s.name == "cosched_domain_concurrency_hazard_seconds_total":
                 out["domains"].setdefault(dom, {})["hazard"] = s.value
             elif s.name == "cosched_domain_observed_seconds_total":
                 out["domains"].setdefault(dom, {})["observed"] = s.value
+            elif s.name == "cosched_domain_observed_timestamp_seconds":
+                out["domains"].setdefault(dom, {})["until"] = s.value + unix_to_monotonic
             elif s.name in ("cosched_domain_skew_seconds_sum", "cosched_domain_skew_seconds_count"):
                 out["domains"].setdefault(dom, {})[s.name.rsplit("_", 1)[1]] = s.value
             elif s.name in ("cosched_vcpu_run_seconds_total", "cosched_vcpu_wait_seconds_total"):
@@ -331,6 +337,7 @@ def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: f
     with ExitStack() as held:            # guests paused after t1 stay paused until their figures are done
         with SchedTrace(set().union(*tids.values()), cgroups, calls=True) if tracing else nullcontext() as tracer:
             if tracer:
+                traced = time.monotonic()
                 time.sleep(0.5)                   # events before t0 give each thread's state at t0
             state0, said0 = host_state(pids), daemon_now(daemon, gs)
             s0, c0, t0, p0 = scrape(daemon), daemon.cpu_seconds(), time.monotonic(), proc_states(pids)
@@ -370,10 +377,13 @@ def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: f
             w["vcpus"] = {tid: {k: (s1["vcpus"][g.name, i][k] - s0["vcpus"].get((g.name, i), {}).get(k, 0.0)) / covered
                                 for k in s1["vcpus"][g.name, i]}
                           for i, tid in sorted(indexes.get(g.name, {}).items()) if (g.name, i) in s1["vcpus"]}
-            if tracer:       # skew over windows as long as cosched's were
-                w["trace"] = truth_figures(tracer.events, tids[g.name], t0, t1, silent_states(p0, p1, t1 - t0), width,
-                                           tracer.calls)
-                w["trace"]["run_kernel"] = kernel_run(p0, p1, tids[g.name], t1 - t0)
+            if tracer:       # over the sampling windows cosched's figures cover, in windows as long as its were
+                u0, u1 = d0.get("until"), d1.get("until")
+                since, to = (u0, u1) if u0 is not None and u1 is not None and u0 > traced else (t0, t1)
+                w["trace"] = truth_figures(tracer.events, tids[g.name], since, to, silent_states(p0, p1, t1 - t0),
+                                           width, tracer.calls)
+                w["trace"]["run_kernel"] = kernel_share(p0, p1, tids[g.name], t1 - t0, 1)
+                w["trace"]["wait_kernel"] = kernel_share(p0, p1, tids[g.name], t1 - t0, 2)
             per_guest[g.name] = w
     lat = [(s0["hist"].get(k, []), s1["hist"].get(k, [])) for k in
            ("cosched_switch_latency_seconds_bucket", "cosched_slot_lateness_seconds_bucket")]
@@ -426,25 +436,25 @@ def _task(pid: int, tid: int, name: str) -> str:
         return f.read()
 
 
-def proc_states(pids: dict[int, int]) -> dict[int, tuple[bool, int]]:
-    """``{tid: (runnable, run ns)}``: the state letter after the command name in
-    ``stat`` (``R`` runnable or running) and the first field of ``schedstat``."""
+def proc_states(pids: dict[int, int]) -> dict[int, tuple[bool, int, int]]:
+    """``{tid: (runnable, run ns, wait ns)}``: the state letter after the command name in
+    ``stat`` (``R`` runnable or running) and the first two fields of ``schedstat``."""
     out = {}
     for tid, pid in pids.items():
         try:
-            stat, schedstat = _task(pid, tid, "stat"), _task(pid, tid, "schedstat")
-            out[tid] = (stat[stat.rindex(")") + 2] == "R", int(schedstat.split()[0]))
+            stat, schedstat = _task(pid, tid, "stat"), _task(pid, tid, "schedstat").split()
+            out[tid] = (stat[stat.rindex(")") + 2] == "R", int(schedstat[0]), int(schedstat[1]))
         except (OSError, IndexError, ValueError):
             pass                        # the thread is gone
     return out
 
 
-def kernel_run(before: dict, after: dict, tids: set[int], span: float) -> dict[int, float]:
-    """Each thread's run time over the span as the kernel bills it (the
-    first field of ``schedstat``, from :func:`proc_states` at both ends), as
-    a share of the span: a check on the trace's own ``run``, which a lost or
-    hidden switch would make wrong."""
-    return {tid: (after[tid][1] - before[tid][1]) / 1e9 / span
+def kernel_share(before: dict, after: dict, tids: set[int], span: float, field: int = 1) -> dict[int, float]:
+    """Each thread's run time (``field`` 1) or wait for a CPU (2) over the
+    span as the kernel bills it (``schedstat``, from :func:`proc_states` at
+    both ends), as a share of the span: a check on the trace's own ``run``
+    and ``wait``, which a lost or hidden switch would make wrong."""
+    return {tid: (after[tid][field] - before[tid][field]) / 1e9 / span
             for tid in sorted(tids) if tid in before and tid in after and span > 0}
 
 
@@ -493,8 +503,8 @@ def silent_states(before: dict, after: dict, span: float) -> dict[int, str]:
     at both ends and run for most of the span means running, runnable with
     no run time means waiting, anything else sleeping."""
     out = {}
-    for tid, (r0, run0) in before.items():
-        r1, run1 = after.get(tid, (False, run0))
+    for tid, (r0, run0, _) in before.items():
+        r1, run1, _ = after.get(tid, (False, run0, 0))
         if r0 and r1:
             out[tid] = RUNNING if (run1 - run0) / 1e9 > span / 2 else RUNNABLE
         else:
