@@ -2,12 +2,18 @@
 
 Three busy 2-vCPU guests (a spin barrier: their vCPUs never idle, so a vCPU's
 lag is its wait, or its frozen time under gang) run under the host scheduler
-and then under ``gang``. Over the same interval the kernel's
+and then under ``gang``. Meanwhile the kernel's
 ``sched_switch``/``sched_wakeup`` events of their vCPU threads are recorded
 (:mod:`benchmarks.trace`), each thread's timeline rebuilt, and the exact
-hazard fraction and mean window skew computed, over windows as long as
-cosched's sampling periods were (:mod:`benchmarks.stats`); cosched's figures
-come from its ``/metrics``, as an operator's Prometheus sees them. Both
+hazard fraction and mean window skew computed, over the sampling windows
+cosched's figures cover (from the end of the window the first scrape read
+to that of the last, ``cosched_domain_observed_timestamp_seconds``: a scrape
+reads the last window closed) and in windows as long as cosched's sampling
+periods were (:mod:`benchmarks.stats`); cosched's figures come from its
+``/metrics``, as an operator's Prometheus sees them. A trace that puts a
+thread's run time over JUDGE_POINTS from the kernel's own has lost or
+misplaced a switch: that measurement is discarded and taken again
+(``docs/decisions/0021-truth-over-cosched-windows-judged-by-run.md``). Both
 sources run, each in a daemon of its own that must report it: the in-kernel
 meter, which counts, must agree per guest within 2 points of hazard and
 0.5 ms of mean skew (``docs/decisions/0003-metric-truth-bounds-per-source.md``);
@@ -45,6 +51,21 @@ BOUNDS = {
     "proc": (12, 1.0),  # the /proc estimate under the host scheduler: once 8.2 points off (module doc)
     "meter": (2, 0.5),  # exact counts: at most 0.5 points and 0.13 ms off in six runs (docs/decisions/0003)
 }
+# The judge judged: how far the trace's run time of a thread may lie from the kernel's own
+# (schedstat), in points, before the trace is taken to have lost or misplaced a switch and the
+# measurement is repeated, at most ATTEMPTS in all (docs/decisions/0021). The kernel's wait is
+# printed but not judged by: under the host scheduler it read up to 2.8 points below both the
+# trace's and the meter's, which agreed.
+JUDGE_POINTS = 3
+ATTEMPTS = 3
+
+
+def trace_off(r: dict) -> list[str]:
+    """Where the trace of measurement ``r`` disagrees with the kernel's run
+    time by more than JUDGE_POINTS: one line per thread."""
+    return [f"{name} thread {tid}: run {run:.3f} by the trace, {w['trace']['run_kernel'][tid]:.3f} by the kernel"
+            for name, w in r["per_guest"].items() for tid, run in w["trace"]["run"].items()
+            if tid in w["trace"]["run_kernel"] and abs(run - w["trace"]["run_kernel"][tid]) > JUDGE_POINTS / 100]
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +101,15 @@ def test_hazard_and_skew_agree_with_the_kernel_trace(mode, barrier_trio, observe
     observation = daemon.status()["daemon"]["observation"]
     assert observation["source"] == source, f"the daemon observes through {observation}, not {source}"
     suite.apply_mode(daemon, gs, mode, settle=1.5)
-    r = suite.measure(daemon, gs, mode, SECONDS, truth=True)
-    assert r["trace_overruns"] == 0, "the trace lost events"
+    discarded = []
+    for _ in range(ATTEMPTS):
+        r = suite.measure(daemon, gs, mode, SECONDS, truth=True)
+        assert r["trace_overruns"] == 0, "the trace lost events"
+        off = trace_off(r)
+        if not off:
+            break
+        discarded.append("a measurement discarded, its trace off the kernel's accounting: " + "; ".join(off))
+    assert not off, "\n".join(discarded)
     rows = []
     for name, w in r["per_guest"].items():
         t = w["trace"]
@@ -89,7 +117,11 @@ def test_hazard_and_skew_agree_with_the_kernel_trace(mode, barrier_trio, observe
                     f"skew cosched {w['skew_mean_ms']:.2f} ms trace {t['skew_mean_ms']:.2f} ms "
                     f"over {w['window_ms']:.1f} ms windows; "
                     f"{t['events']} events")
-    report = f"{source} {mode}:\n" + "\n".join(rows)
+        rows.extend(f"  thread {tid}: run cosched {v.get('run', 0):.3f} trace {t['run'].get(tid, 0):.3f} "
+                    f"kernel {t['run_kernel'].get(tid, 0):.3f}; wait cosched {v.get('wait', 0):.3f} "
+                    f"trace {t['wait'].get(tid, 0):.3f} kernel {t['wait_kernel'].get(tid, 0):.3f}"
+                    for tid, v in w["vcpus"].items())
+    report = "\n".join([f"{source} {mode}:", *discarded, *rows])
     print("\n" + report)
     hazard_points, skew_ms = BOUNDS[source]
     for name, w in r["per_guest"].items():
