@@ -1,7 +1,8 @@
 """Published tables are generated, never copied by hand: every table in a
 section of ``benchmarks/README.md`` that publishes a kept run is one the
 report draws from that run's ``results.json`` now. A section names its run
-by the first ``benchmarks/results/<date>-<commit>/`` it mentions."""
+by the first ``benchmarks/results/<date>-<commit>[-<tool>]/`` it mentions (the
+tool's name tells apart the runs of two tools at one commit)."""
 from __future__ import annotations
 
 import json
@@ -32,8 +33,8 @@ def section(title: str, following: str | None) -> str:
 
 def kept(body: str) -> Path:
     """The run a section publishes: the first kept folder it names."""
-    found = re.search(r"benchmarks/results/(\d{4}-\d\d-\d\d-[0-9a-f]{7,})/", body)
-    assert found, "the section names no kept run (benchmarks/results/<date>-<commit>/)"
+    found = re.search(r"benchmarks/results/(\d{4}-\d\d-\d\d-[0-9a-f]{7,}(?:-[a-z]+)?)/", body)
+    assert found, "the section names no kept run (benchmarks/results/<date>-<commit>[-<tool>]/)"
     return REPO / "benchmarks" / "results" / found.group(1)
 
 
