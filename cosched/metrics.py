@@ -88,6 +88,7 @@ class CoschedCollector:
         rejected = plan.rejected if plan else {}
         stats = self.engine.stats() if self.engine is not None else None
         modes = self.modes()
+        monotonic_to_unix = time.time() - time.monotonic()
         for d in snap.domains if snap else ():
             info.add_metric([d.name, d.uuid, d.policy.preset if d.policy else ""], 1)
             error.add_metric([d.name], 1 if d.error or d.uuid in rejected else 0)
@@ -109,7 +110,7 @@ class CoschedCollector:
             partial.add_metric([d.name], v.partial)
             observed.add_metric([d.name], v.observed)
             if v.until is not None:
-                until.add_metric([d.name], time.time() - (time.monotonic() - v.until))
+                until.add_metric([d.name], v.until + monotonic_to_unix)
             skew.add_metric([d.name], [(le, c) for le, c in v.skew_buckets], v.skew_sum)
         yield from (info, error, run, wait, costop, costops, boosts, mode, hazard, partial, observed, until, skew)
         if stats is not None:
