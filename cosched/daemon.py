@@ -190,7 +190,7 @@ class Daemon:
             now = self.engine.reconcile(resolved.snapshot, resolved.plan)
             for d in snap.domains:
                 if (d.uuid in hosted) != (d.uuid in self.auto.hosted):
-                    slot = "own" if now.cell_of(d.uuid) else "free"
+                    slot = "shared" if now.cell_of(d.uuid) else "free"
                     log.info("domain=%s action=%s slot=%s", d.name,
                              "hosted" if d.uuid in self.auto.hosted else "unhosted", slot)
 

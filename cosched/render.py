@@ -96,15 +96,19 @@ def render_explain(e: dict) -> str:
         lines.append("  scores: " + "  ".join(f"{m} {s:.2f}{' *' if m == e['mode'] else ''}"
                                               for m, s in sorted(e["scores"].items(), key=lambda kv: -kv[1])))
     if e.get("hosted"):
-        lines.append("  left to the host scheduler but busy: it runs in a slot of its own beside the gang guests, "
-                     "frozen in theirs, so that it does not take their CPUs")
+        lines.append("  left to the host scheduler but busy: it runs in the turn the hosted guests share beside the "
+                     "gang guests, frozen in theirs, so that it does not take their CPUs")
     host = e.get("host")
     if host:
         lines.append("host:")
         for c in host["cells"]:
-            slots = ", ".join(f"{s['domain']} ({s['mode']}{', hosted' if s['hosted'] else ''}, {s['slot_ms']:g} ms"
-                              + (f", hazard {s['hazard_per_second']:.2f} s/s" if s.get("hazard_per_second") is not None
-                                 else "") + ")" for s in c["slots"])
+            turns: dict[int, list[str]] = {}
+            for i, s in enumerate(c["slots"]):
+                turns.setdefault(s.get("turn", i), []).append(
+                    f"{s['domain']} ({s['mode']}{', hosted' if s['hosted'] else ''}, {s['slot_ms']:g} ms"
+                    + (f", hazard {s['hazard_per_second']:.2f} s/s" if s.get("hazard_per_second") is not None
+                       else "") + ")")
+            slots = ", ".join(" + ".join(t) for t in turns.values())
             lines.append(f"  cell {c['cell']} ({c['kind']}, CPUs {','.join(map(str, c['cpus'])) or 'any'}, "
                          f"cycle {c['cycle_ms']:g} ms): {slots}" + (f"; {c['note']}" if c.get("note") else ""))
         if host.get("free"):

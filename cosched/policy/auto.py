@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from math import exp
 
-from cosched.policy.params import QUANTUM, resolve
+from cosched.policy.params import resolve
 from cosched.policy.plan import HOSTED
 
 DECIDE_S = 1.0
@@ -25,8 +25,7 @@ IDLENESS = (0.45, 0.70)     # ramps from "idles like a hand-off" to "mostly slee
 SPREAD = (0.30, 0.60)
 SPINNING = (20.0, 200.0)  # KVM: directed-yield attempts per second of vCPU run time, "a little" to "spins"
 HALTING = (0.10, 0.25)    # KVM: idleness that says the vCPUs wait for each other by halting (a hand-off)
-HOSTED_IDLENESS = IDLENESS[1]   # a busy none guest idling less than this gets a slot of its own beside a gang
-SLOT_STEP_MS = 10               # a hosted guest's slot is a multiple of this
+HOSTED_IDLENESS = IDLENESS[1]   # a busy none guest idling less than this is hosted beside a gang
 LADDER = ("none", "boost", "relaxed", "gang", "partial")
 
 
@@ -142,16 +141,12 @@ class Chooser:
         return (ch is not None and ch.contention is not None and ch.contention >= CONTENDED
                 and ch.idleness < HOSTED_IDLENESS)
 
-    def slot_ms(self, uuid: str, pool_cpus: int) -> int:
-        """A hosted guest's slot: the gang quantum, stretched so that its busy
-        vCPUs get as much CPU time per cycle as a gang guest filling the pool
-        (the host scheduler's share per guest), since in its slot it can use
-        only the CPUs it keeps busy; in steps of :data:`SLOT_STEP_MS`, so
-        that noise in the signal does not replan."""
+    def busy(self, uuid: str) -> float:
+        """The vCPUs' worth of work the guest keeps busy (smoothed; 1 before
+        any evidence, to a tenth): what a hosted guest's share of the turn it
+        shares is sized by (:func:`~cosched.policy.plan.hosted_turn_ms`)."""
         ch = self.guests.get(uuid)
-        busy = ch.busy if ch is not None and ch.busy else 1.0
-        slot = QUANTUM.default * pool_cpus / min(max(busy, 1.0), pool_cpus)
-        return int(min(max(round(slot / SLOT_STEP_MS) * SLOT_STEP_MS, QUANTUM.default), QUANTUM.max))
+        return round(ch.busy, 1) if ch is not None and ch.busy else 1.0
 
     def forget(self, keep: set[str]) -> None:
         for uuid in [u for u in self.guests if u not in keep]:
@@ -251,8 +246,7 @@ class Auto:
         # per guest: (seconds observed, hazard, {vCPU: (run, wait, costop)}, KVM's (spins, halts) or None), cumulative
         self._totals: dict[str, tuple] = {}
         self.in_force: dict[str, str] = {}
-        self.hosted: dict[str, int] = {}                   # none guests given a slot beside a gang: its length, ms
-        self._pool = 1                                     # CPUs in the co-scheduling pool, as of the last step
+        self.hosted: dict[str, float] = {}                 # none guests hosted beside a gang: their busy vCPUs
         self.refused: dict[str, dict[str, str]] = {}      # per guest: chosen modes the planner refused, why
         self._why: dict[str, str] = {}                     # the chooser's reasons not yet logged
 
@@ -262,7 +256,6 @@ class Auto:
         (:class:`~cosched.sampler.kvm.KvmCounts`), for the guests that have them."""
         kvm = kvm or {}
         changes = []
-        self._pool = pool_cpus
         auto = _auto_guests(snap)
         keep = {d.uuid for d in auto}
         self.chooser.forget(keep)
@@ -317,14 +310,15 @@ class Auto:
         reason); a guest it rejects under a chosen mode drops to the best
         remaining allowed mode, and the planner is asked again; one it leaves
         alone (the platform's CPU decisions) runs under ``none``. A busy guest
-        left to ``none`` is hosted (the module doc): the planner gives it a
-        slot of its own where a gang cell rotates."""
+        left to ``none`` is hosted (the module doc): where a gang cell
+        rotates, the planner gives it a place in the turn that the hosted
+        guests share."""
         if snap is None:
             return snap, []
         auto = _auto_guests(snap)
         chosen = {d.uuid: self.chooser.mode(d.uuid) for d in auto}
         modes, refused = dict(chosen), {d.uuid: {} for d in auto}
-        hosted = {d.uuid: self.chooser.slot_ms(d.uuid, self._pool) for d in auto
+        hosted = {d.uuid: self.chooser.busy(d.uuid) for d in auto
                   if dict(d.policy.params)["slot"] and self.chooser.takes_cpus(d.uuid)}
         eff = _under(snap, modes, hosted)
         for _ in LADDER:                        # each round refuses one more mode to each guest it drops
@@ -365,14 +359,15 @@ def _auto_guests(snap) -> list:
     return [d for d in snap.domains if d.policy is not None and d.policy.kind == "auto"] if snap else []
 
 
-def _under(snap, modes: dict[str, str], hosted: dict[str, int] = {}):
+def _under(snap, modes: dict[str, str], hosted: dict[str, float] = {}):
     """``snap`` with each auto guest's policy replaced by its mode in ``modes``;
-    a guest in ``hosted`` (uuid: its slot in ms) under ``none`` is planned as
-    :data:`~cosched.policy.plan.HOSTED`."""
+    a guest in ``hosted`` (uuid: the vCPUs' worth it keeps busy) under
+    ``none`` is planned as :data:`~cosched.policy.plan.HOSTED`, with a gang
+    guest's quantum and its ``busy`` figure, by which the shared turn is sized."""
     def spec(d):
         mode = modes[d.uuid]
         if mode == "none" and d.uuid in hosted:
-            return replace(d.policy, kind=HOSTED, params=resolve("gang", {}, {"quantum-ms": hosted[d.uuid]}))
+            return replace(d.policy, kind=HOSTED, params=resolve("gang", {}, {}) + (("busy", hosted[d.uuid]),))
         return replace(d.policy, kind=mode, params=resolve(mode, {}, {}))
     domains = tuple(replace(d, policy=spec(d)) if d.uuid in modes and d.policy is not None and d.policy.kind == "auto"
                     else d for d in snap.domains)

@@ -45,8 +45,8 @@ Kinds and their parameters:
     the choice; ``dwell-s`` (1-3600, default 5) is the least time between
     two changes of one guest's mode. ``slot`` (bool, default true): when
     ``auto`` leaves the guest to the host scheduler while it is busy and
-    gang guests rotate, it runs in a slot of its own beside them, frozen
-    in theirs; false: it is never frozen, at the gang guests' cost.
+    gang guests rotate, it runs in the turn the hosted guests share beside
+    them, frozen in theirs; false: it is never frozen, at the gang guests' cost.
 """
 from __future__ import annotations
 
@@ -116,7 +116,8 @@ LAGGARD = Param("boost", bool, True, doc="boost the waiting laggard while a sibl
 MODES = ("none", "boost", "relaxed", "gang", "partial")
 ALLOW = Param("allow", tuple, MODES, doc="the modes auto may choose", choices=MODES)
 DWELL = Param("dwell-s", int, 5, 1, 3600, "least time between two mode changes of a guest")
-SLOT = Param("slot", bool, True, doc="left to the host scheduler while busy: a slot of its own beside gang guests")
+SLOT = Param("slot", bool, True, doc="left to the host scheduler while busy: a turn beside gang guests, shared with "
+            "the other such guests")
 
 KINDS: dict[str, tuple[Param, ...]] = {
     "none": (),

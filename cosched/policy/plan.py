@@ -13,10 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from cosched.model import Domain, Host, Snapshot
-from cosched.policy.params import COSTART, COSTOP
+from cosched.policy.params import COSTART, COSTOP, QUANTUM
 
 FREEZE, BOOST, RELAXED = "freeze", "boost", "relaxed"
-HOSTED = "hosted"                        # an auto guest left to the host scheduler, in a slot of its own
+HOSTED = "hosted"                        # an auto guest left to the host scheduler, in the cell's shared turn
+HOSTED_STEP_MS = 10                      # the shared turn's length is a multiple of this
 WATCHED = (BOOST, RELAXED)
 
 
@@ -50,7 +51,7 @@ class Member:
     pause_ms: int = 0                    # watched guests: least time between two boosts of a vCPU
     costop_ms: int = 0                   # relaxed: co-stop / co-start thresholds
     costart_ms: int = 0
-    hosted: bool = False                 # the host scheduler runs it within its slot: not pinned, mode none
+    hosted: bool = False                 # the host scheduler runs it in the shared turn: not pinned, mode none
 
 
 @dataclass(frozen=True)
@@ -63,15 +64,36 @@ class Cell:
     kind: str = ""                       # the policy its members run: gang, partial, boost, relaxed
 
     @property
+    def turns(self) -> tuple[tuple[int, ...], ...]:
+        """The cycle in order: each turn the indices of the members that run
+        in it, one member alone, or every hosted member together (one shared
+        turn, where the first of them stands; its length is their slot)."""
+        out: list[list[int]] = []
+        shared = None
+        for i, m in enumerate(self.members):
+            if not m.hosted:
+                out.append([i])
+            elif shared is None:
+                shared = len(out)
+                out.append([i])
+            else:
+                out[shared].append(i)
+        return tuple(tuple(t) for t in out)
+
+    def turn_ms(self, turn: tuple[int, ...]) -> int:
+        return self.members[turn[0]].slot_ms
+
+    @property
     def cycle_ms(self) -> int:
-        return sum(m.slot_ms for m in self.members)
+        return sum(self.turn_ms(t) for t in self.turns)
 
     @property
     def max_stall_ms(self) -> int:
         """Longest time any member spends frozen per cycle."""
-        if self.mode != FREEZE or len(self.members) < 2:
+        turns = self.turns
+        if self.mode != FREEZE or len(turns) < 2:
             return 0
-        return self.cycle_ms - min(m.slot_ms for m in self.members)
+        return self.cycle_ms - min(self.turn_ms(t) for t in turns)
 
 
 @dataclass(frozen=True)
@@ -104,10 +126,12 @@ class Plan:
     def composition(self) -> list[dict]:
         """The host's co-scheduling at a glance (``cosched explain``): per
         cell, its kind, CPUs and its slots in turn, each with the guest, its
-        mode, length and whether the host scheduler places it (hosted)."""
+        mode, length, whether the host scheduler places it (hosted) and its
+        turn (hosted guests share one)."""
         return [{"cell": c.id, "kind": c.kind, "cpus": list(c.cpus), "cycle_ms": c.cycle_ms, "note": c.note,
                  "slots": [{"domain": m.name, "uuid": m.uuid, "mode": "none" if m.hosted else c.kind,
-                            "slot_ms": m.slot_ms, "hosted": m.hosted} for m in c.members]}
+                            "slot_ms": m.slot_ms, "hosted": m.hosted, "turn": t}
+                           for t, turn in enumerate(c.turns) for m in (c.members[i] for i in turn)]}
                 for c in self.cells]
 
     def pins(self) -> dict[tuple[str, int], int]:
@@ -130,12 +154,30 @@ def _slot_ms(d: Domain) -> int:
     return p["weight"] * p["quantum-ms"]
 
 
-def _member(d: Domain, host: Host, cpus: list[int], boost: bool, cfg: PlanConfig) -> Member:
-    """A cell's member; ``cpus``: the CPU of each vCPU (unused for a hosted guest)."""
+def hosted_turn_ms(quanta: list[int], busy: list[float], pool_cpus: int) -> int:
+    """The length of the turn the hosted guests share: long enough that
+    together they get the CPU time per cycle that as many gang guests filling
+    the pool would (each its quantum on every pool CPU), on the CPUs their
+    busy vCPUs (``busy``: vCPUs' worth of work each) can use at once; in
+    steps of :data:`HOSTED_STEP_MS`, so that noise in the measurement does
+    not replan, from the shortest quantum to the longest a quantum may be."""
+    usable = min(max(sum(busy), 1.0), pool_cpus)
+    turn = sum(quanta) * pool_cpus / usable
+    return int(min(max(round(turn / HOSTED_STEP_MS) * HOSTED_STEP_MS, min(quanta)), QUANTUM.max))
+
+
+def _hosted_turn(domains: list[Domain], pool: list[int]) -> int:
+    return hosted_turn_ms([_slot_ms(d) for d in domains],
+                          [dict(d.policy.params).get("busy", len(d.vcpus)) for d in domains], len(pool))
+
+
+def _member(d: Domain, host: Host, cpus: list[int], boost: bool, cfg: PlanConfig, turn_ms: int = 0) -> Member:
+    """A cell's member; ``cpus``: the CPU of each vCPU (unused for a hosted
+    guest, whose slot is the shared turn, ``turn_ms``)."""
     if d.policy.kind == HOSTED:
         vcpus = tuple(PlannedVcpu(index=v.index, tid=v.tid, start_time=v.start_time, cpu=-1, freeze=host.freeze_file(v))
                       for v in d.vcpus)
-        return Member(d.uuid, d.name, _slot_ms(d), 0, vcpus, hosted=True)
+        return Member(d.uuid, d.name, turn_ms, 0, vcpus, hosted=True)
     p = dict(d.policy.params)
     priority = min(p.get("priority", 1), cfg.switcher_priority - 1) if boost else 0
     vcpus = tuple(
@@ -180,7 +222,8 @@ def _unfit(d: Domain, host: Host, pool: list[int]) -> str | None:
 
 def _gang(domains: list[Domain], hosted: list[Domain], host: Host, pool: list[int], cfg: PlanConfig,
           allowed: dict, rejected: dict) -> list[Cell]:
-    """The gang cell: its guests, then the hosted guests that fit (the rest run free)."""
+    """The gang cell: its guests, then one turn shared by the hosted guests
+    that fit in it (the rest run free)."""
     admitted: list[Domain] = []
     where: dict[str, list[int]] = {}
     for d in sorted(domains, key=lambda d: d.name):
@@ -200,13 +243,15 @@ def _gang(domains: list[Domain], hosted: list[Domain], host: Host, pool: list[in
         admitted.append(d)
     if not admitted:
         return []
+    sharing: list[Domain] = []
     for d in sorted(hosted, key=lambda d: d.name):
         if (_unfreezable(d, host) is None and
-                _stall_after([_slot_ms(a) for a in admitted], _slot_ms(d)) <= cfg.max_stall_ms):
-            admitted.append(d)
-    boost = len(admitted) > 1
-    members = tuple(_member(d, host, where.get(d.uuid, []), boost and dict(d.policy.params)["boost"], cfg)
-                    for d in admitted)
+                _stall_after([_slot_ms(a) for a in admitted], _hosted_turn(sharing + [d], pool)) <= cfg.max_stall_ms):
+            sharing.append(d)
+    turn = _hosted_turn(sharing, pool) if sharing else 0
+    boost = len(admitted) + bool(sharing) > 1
+    members = tuple(_member(d, host, where.get(d.uuid, []), boost and dict(d.policy.params)["boost"], cfg, turn)
+                    for d in admitted + sharing)
     return [Cell("gang", FREEZE, tuple(pool), members, kind="gang")]
 
 

@@ -1,9 +1,10 @@
 """The rotation: each cell's slot table turned into freeze and thaw on time.
 
-In a cell of two or more members one member's vCPUs run while the others'
-are frozen (``freeze`` cells), and a member with a priority is boosted with
-SCHED_FIFO for its slot. At each slot boundary the next member takes over; a
-new plan keeps the member that was running where it can.
+In a cell of two or more turns (:attr:`~cosched.policy.plan.Cell.turns`:
+one member each, or the hosted members together) the vCPUs of one turn run
+while the others' are frozen (``freeze`` cells), and a member with a
+priority is boosted with SCHED_FIFO for its slot. At each slot boundary the
+next turn takes over; a new plan keeps the turn that was running where it can.
 """
 from __future__ import annotations
 
@@ -39,9 +40,17 @@ class CellState:
     id: str
     mode: str
     members: list[MemberState]
-    active: int = 0
+    turns: tuple[tuple[int, ...], ...] = ()     # indices into members, in turn (Cell.turns)
+    active: int = 0                             # the turn running now
     deadline: int | None = None
     boost_failed: str | None = None
+
+    def running(self) -> list[MemberState]:
+        """The members of the turn running now."""
+        return [self.members[i] for i in self.turns[self.active]] if self.turns else []
+
+    def slot_ns(self) -> int:
+        return int(self.members[self.turns[self.active][0]].plan.slot_ms * 1_000_000)
 
 
 class Rotation:
@@ -53,18 +62,18 @@ class Rotation:
         self.max_stall_ns = 0
 
     def planned(self, plans: list[Cell], returns: dict[int, pr.VcpuReturn]) -> dict[str, CellState]:
-        """The cells of a new plan, each keeping the member that runs now
-        where it is still a member (and its slot's deadline)."""
+        """The cells of a new plan, each keeping the turn that runs now where
+        a member of it still has a turn (and its slot's deadline)."""
         cells: dict[str, CellState] = {}
         for c in plans:
             members = [MemberState(m) for m in c.members]
-            cell = CellState(c.id, c.mode, members)
+            cell = CellState(c.id, c.mode, members, c.turns)
             prev = self.cells.get(c.id)
             if prev is not None and prev.members:
-                active_uuid = prev.members[prev.active].uuid
-                ids = [m.uuid for m in members]
-                if active_uuid in ids:
-                    cell.active, cell.deadline = ids.index(active_uuid), prev.deadline
+                running = {m.uuid for m in prev.running()}
+                kept = [t for t, turn in enumerate(cell.turns) if running & {members[i].uuid for i in turn}]
+                if kept:
+                    cell.active, cell.deadline = kept[0], prev.deadline
                 cell.boost_failed = prev.boost_failed
             cells[c.id] = cell
             for m in members:
@@ -98,7 +107,7 @@ class Rotation:
         for cell in self.cells.values():
             if cell.deadline is not None and now >= cell.deadline:
                 self.counters.lateness_ns.append(now - cell.deadline)
-                cell.active = (cell.active + 1) % len(cell.members)
+                cell.active = (cell.active + 1) % len(cell.turns)
                 if now - cell.deadline > self.max_stall_ns:
                     cell.deadline = now              # hopelessly late: restart the cycle
                 self._enter(cell, now, "switch")
@@ -127,18 +136,19 @@ class Rotation:
             self.vcpus.unboost(k)
 
     def _enter(self, cell: CellState, now: int, how: str) -> None:
-        """Make the cell's actual state match its active member.
+        """Make the cell's actual state match its running turn.
 
         ``how``: ``fresh`` (a new rotation starts now), ``switch`` (a slot
         boundary: counted and timed, the deadline advances by the slot) or
-        ``reapply`` (a new plan kept this member active: deadline unchanged).
+        ``reapply`` (a new plan kept this turn running: deadline unchanged).
         """
-        lone = len(cell.members) < 2
-        active = cell.members[cell.active]
+        lone = len(cell.turns) < 2
+        turn = set(cell.turns[cell.active])
+        running = [cell.members[i] for i in sorted(turn)]
         vcpus = self.vcpus
         t0 = self.clock()
         if cell.mode == "freeze" and not lone:
-            outgoing = [k for i, m in enumerate(cell.members) if i != cell.active for k in m.keys()]
+            outgoing = [k for i, m in enumerate(cell.members) if i not in turn for k in m.keys()]
             for k in outgoing:
                 vcpus.freeze(k, True, t0)
             files = [vcpus.info[k][1].freeze for k in outgoing if vcpus.state[k].frozen]
@@ -154,17 +164,19 @@ class Rotation:
             for m in cell.members:
                 for k in m.keys():
                     vcpus.freeze(k, False, t0)
-        for k in active.keys():
-            vcpus.freeze(k, False, self.clock())
+        for m in running:
+            for k in m.keys():
+                vcpus.freeze(k, False, self.clock())
         t1 = self.clock()
         for i, m in enumerate(cell.members):
-            if i != cell.active or lone:
+            if i not in turn or lone:
                 self._unboost_member(m)
         if not lone:
-            self._boost_member(cell, active)
+            for m in running:
+                self._boost_member(cell, m)
         if cell.mode != "freeze":
             t1 = self.clock()
-        slot_ns = int(active.plan.slot_ms * 1_000_000)
+        slot_ns = cell.slot_ns()
         if lone:
             cell.deadline = None
         elif how == "fresh":
@@ -186,8 +198,9 @@ class Rotation:
         busy host's guests are first put in a gang, or blocked in the
         kernel), and it traps as soon as it runs, out of turn or not. The
         guest's own slot, or ``max_stall_ms``, thaws it as any other."""
+        turn = set(cell.turns[cell.active])
         for i, m in enumerate(cell.members):
             stuck = [str(k[1]) for k in m.keys() if self.vcpus.info[k][1].freeze in late]
-            if i != cell.active and stuck:
+            if i not in turn and stuck:
                 self.error(f"domain={m.plan.name} vcpu={','.join(stuck)} not frozen within "
                            f"{self.freeze_wait_s() * 1000:g} ms: it freezes when it next runs")

@@ -187,6 +187,6 @@ class Switcher:
                                    c.boosts.get((uuid, vcpu), 0)) for uuid, vcpu in vcpus),
             forced_thaws=c.forced_thaws, long_waits_held=dict(c.held), long_waits_reported=c.reported,
             errors=tuple(c.errors),
-            active={cell.id: cell.members[cell.active].uuid for cell in cells.values() if cell.members},
+            active={cell.id: cell.running()[0].uuid for cell in cells.values() if cell.members},
             boost_failed=failed, released=released, released_by=self.sched.released_by(),
             rt_stranded_us=self.grants.stranded(), admission_wrong=self.admission_wrong)

@@ -310,9 +310,10 @@ def test_with_every_cpu_reserved_a_busy_guest_is_left_to_the_host():
 def mixed_host(*kinds: str, seconds: int = 12) -> tuple[Snapshot, Auto]:
     """Guests under auto on a 2-CPU host, fed per vCPU (run, wait) each second
     by kind: ``barrier`` (never idle, waits as long as it runs), ``lopsided``
-    (vCPU 0 busy, vCPU 1 with nothing to do) or ``sleeper`` (idles 80%)."""
+    (vCPU 0 busy, vCPU 1 with nothing to do; ``lopsided2`` the other way
+    round) or ``sleeper`` (idles 80%)."""
     per_second = {"barrier": [(0.5, 0.5), (0.5, 0.5)], "lopsided": [(0.5, 0.5), (0.0, 0.0)],
-                  "sleeper": [(0.15, 0.1), (0.15, 0.1)]}
+                  "lopsided2": [(0.0, 0.0), (0.5, 0.5)], "sleeper": [(0.15, 0.1), (0.15, 0.1)]}
     host = Host(cpus=(0, 1), core_of={0: (0, 0), 1: (0, 1)}, node_of={0: 0, 1: 0}, cgroup="hybrid",
                 cgroup2_mount="/sys/fs/cgroup/unified")
     spec = PolicySpec("auto", "auto", resolve("auto", {}, {}), "annotation")
@@ -333,7 +334,8 @@ def test_a_busy_guest_left_to_the_host_is_hosted_beside_a_gang_and_a_sleeper_run
     planner = lambda s: plan(s, PlanConfig())             # noqa: E731
     eff, _ = auto.settle(snap, planner)
     assert [auto.mode(d.uuid) for d in snap.domains] == ["gang", "none", "none"]
-    assert auto.hosted == {"u-lopsided": 100}         # one busy vCPU: twice a gang slot, as much CPU time
+    assert auto.hosted == {"u-lopsided": 1.0}         # it keeps one vCPU busy
+    # its turn: twice a gang slot, for as much CPU time on the one CPU it can use
     p = planner(eff)
     assert [(s["domain"], s["mode"], s["hosted"]) for s in p.composition()[0]["slots"]] == [
         ("barrier", "gang", False), ("lopsided", "none", True)]
@@ -356,17 +358,31 @@ def test_explain_shows_the_host_composition():
     p = plan(eff, PlanConfig())
     text = render_explain({"domain": "lopsided", "allow": list(ALL), **auto.explain("u-lopsided"),
                            "host": {"cells": p.composition(), "free": ["sleeper"]}})
-    assert "runs in a slot of its own beside the gang guests" in text
+    assert "runs in the turn the hosted guests share beside the gang guests" in text
     assert "cell gang (gang, CPUs 0,1, cycle 150 ms): barrier (gang, 50 ms), lopsided (none, hosted, 100 ms)" in text
     assert "free under the host scheduler: sleeper" in text
 
 
-@pytest.mark.parametrize("busy, pool, slot", [(1.0, 2, 100), (1.28, 2, 80), (2.0, 2, 50), (0.3, 2, 100),
-                                              (3.9, 4, 50), (1.0, 8, 400), (0.5, 64, 1000)])
-def test_a_hosted_slot_gives_the_busy_vcpus_a_gang_guests_cpu_time(busy, pool, slot):
+def test_two_busy_guests_left_to_the_host_share_one_turn_beside_a_gang():
+    snap, auto = mixed_host("barrier", "lopsided", "lopsided2")
+    eff, _ = auto.settle(snap, lambda s: plan(s, PlanConfig()))
+    assert auto.hosted == {"u-lopsided": 1.0, "u-lopsided2": 1.0}
+    (cell,) = plan(eff, PlanConfig()).cells
+    # each keeps one CPU busy: together they fill the pool, in one turn instead of two of 100 ms
+    assert [[cell.members[i].name for i in t] for t in cell.turns] == [["barrier"], ["lopsided", "lopsided2"]]
+    assert cell.cycle_ms == 150 and [m.slot_ms for m in cell.members] == [50, 100, 100]
+    from cosched.render import render_explain
+    text = render_explain({"domain": "lopsided", "allow": list(ALL), **auto.explain("u-lopsided"),
+                           "host": {"cells": plan(eff, PlanConfig()).composition(), "free": []}})
+    assert ("cycle 150 ms): barrier (gang, 50 ms), lopsided (none, hosted, 100 ms) + lopsided2 (none, hosted, 100 ms)"
+            in text)
+
+
+@pytest.mark.parametrize("busy, shown", [(0.96, 1.0), (1.0, 1.0), (1.26, 1.3), (None, 1.0)])
+def test_a_guests_busy_figure_goes_to_the_planner_to_a_tenth(busy, shown):
     ch = Chooser()
     ch.guests["g"] = Choice(busy=busy)
-    assert ch.slot_ms("g", pool) == slot
+    assert ch.busy("g") == shown and Chooser().busy("unknown") == 1.0
 
 
 def test_a_guest_the_platform_gave_dedicated_cpus_is_left_to_none_with_the_reason():

@@ -1,10 +1,11 @@
 """The planner on synthetic hosts from 2 to 256 CPUs."""
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cosched.model import Domain, Host, PolicySpec, Snapshot, Vcpu
 from cosched.policy.params import resolve
-from cosched.policy.plan import FREEZE, HOSTED, PlanConfig, plan, pool_order
+from cosched.policy.plan import FREEZE, HOSTED, PlanConfig, hosted_turn_ms, plan, pool_order
 
 
 def host(cpus=2, smt=1, nodes=1, rt=False, rt_budget_us=None):
@@ -241,10 +242,37 @@ def test_plan_invariants(cpus, smt, guests, max_stall, reserved):
         assert max(load) - min(load) <= 1 and not set(relaxed) & set(cfg.reserved_cpus)
 
 
-def hosted(name, vcpus=2):
-    """An auto guest left to the host scheduler but busy, as auto hands it to the planner."""
+def hosted(name, vcpus=2, busy=None):
+    """An auto guest left to the host scheduler but busy, as auto hands it to
+    the planner (``busy``: the vCPUs' worth it keeps busy; None: all)."""
     d = dom(name, vcpus=vcpus)
-    return d.__class__(**{**d.__dict__, "policy": PolicySpec("auto", HOSTED, resolve("gang", {}, {}), "annotation")})
+    params = resolve("gang", {}, {}) + ((("busy", busy),) if busy is not None else ())
+    return d.__class__(**{**d.__dict__, "policy": PolicySpec("auto", HOSTED, params, "annotation")})
+
+
+@pytest.mark.parametrize("busy, pool, turn", [([1.0], 2, 100), ([1.28], 2, 80), ([2.0], 2, 50), ([0.3], 2, 100),
+                                              ([3.9], 4, 50), ([1.0], 8, 400), ([0.5], 64, 1000),
+                                              ([1.0, 1.0], 2, 100), ([2.0, 2.0], 2, 100), ([1.0, 0.5], 4, 270)])
+def test_the_hosted_turn_gives_their_busy_vcpus_the_cpu_time_of_as_many_gang_guests(busy, pool, turn):
+    assert hosted_turn_ms([50] * len(busy), busy, pool) == turn
+
+
+def test_busy_guests_left_to_the_host_share_one_turn_that_their_busy_vcpus_fill():
+    p = plan(snap(host(2), dom("a"), hosted("h1", busy=1.0), hosted("h2", busy=1.0)), PlanConfig())
+    (cell,) = p.cells
+    assert [[cell.members[i].name for i in t] for t in cell.turns] == [["a"], ["h1", "h2"]]
+    # each keeps one CPU busy: in one 100 ms turn together, both CPUs busy, each gets the CPU time of a
+    # gang guest's 50 ms slot, where turns of their own would take 200 ms with a CPU idle
+    assert cell.cycle_ms == 150 and cell.max_stall_ms == 100
+    assert [s["slot_ms"] for s in p.composition()[0]["slots"]] == [50, 100, 100]
+    assert {u for u, _ in p.pins()} == {"uuid-a"} and p.mode_of("uuid-h2") == "none"
+
+
+def test_a_hosted_guest_that_would_stretch_the_shared_turn_past_the_stall_limit_runs_free():
+    # two guests keeping both CPUs busy need a 100 ms turn, which freezes the gang guest 100 ms a cycle:
+    # with a 50 ms stall limit only one fits
+    p = plan(snap(host(2), dom("a"), hosted("h1"), hosted("h2")), PlanConfig(max_stall_ms=50))
+    assert [m.name for m in p.cells[0].members] == ["a", "h1"] and p.rejected == {}
 
 
 def test_a_busy_guest_left_to_the_host_gets_a_slot_of_its_own_beside_the_gang():

@@ -86,6 +86,23 @@ def test_rotation_one_guest_thawed_at_a_time(tmp_path):
     assert pr.Tally("a", 0, costop_ns=3 * 100 * MS) in stats.tallies   # thawed again at 150, 300 and 450 ms
 
 
+def test_hosted_guests_share_one_turn_and_a_new_plan_keeps_it_running(tmp_path):
+    fs, clock = tree(tmp_path), Clock()
+    sw = Switcher(fs, 500 * MS, clock=clock)
+    hosted = [replace(member(n, slot=100), hosted=True) for n in "bc"]
+    sw.apply(gang(member("a"), *hosted))
+    assert thawed(fs, "abc") == ["a"]
+    clock.now += 50 * MS
+    assert sw.tick() == clock.now + 100 * MS                 # the shared turn's length
+    assert thawed(fs, "abc") == ["b", "c"]
+    sw.apply(gang(member("a"), hosted[1]))                  # b left: c's turn goes on, to the same deadline
+    assert thawed(fs, "ac") == ["c"] and thawed(fs, "b") == ["b"]     # b let go of, thawed
+    assert sw.tick() == 150 * MS
+    clock.now = 150 * MS
+    sw.tick()
+    assert thawed(fs, "ac") == ["a"] and sw.take_stats().active == {"gang": "a"}
+
+
 def test_freeze_completes_before_thaw(tmp_path):
     fs, clock = tree(tmp_path), Clock()
     sw = Switcher(fs, 500 * MS, clock=clock)
