@@ -119,10 +119,12 @@ SOFTWARE = {"pigz": "exec /usr/bin/pigz -p 2 -c /data",
             "sysbench-threads": "exec /usr/bin/sysbench threads --threads=2 --thread-locks=1 --events=20 --time=0 run",
             "dd|cat": "exec /usr/bin/dd if=/dev/zero bs=512 count=2000 | /usr/bin/cat"}
 # mixed hosts, by name: a guest that mostly sleeps beside synchronising guests (x3, x4); a busy
-# guest that gains nothing from co-scheduling (one busy thread in two vCPUs) beside them (busy-);
-# real software beside a spin barrier (software-): auto's thresholds were never tuned on these
+# guest that gains nothing from co-scheduling (one busy thread in two vCPUs) beside them (busy-),
+# two of them beside a spin barrier (busy2-x3); real software beside a spin barrier (software-):
+# auto's thresholds were never tuned on these
 MIXED = {"x3": ("blocking", "barrier", "pingpong"), "x4": ("blocking", "barrier", "pingpong", "lu"),
          "busy-x3": ("ep threads=1", "barrier", "spinlock"), "busy-x4": ("ep threads=1", "barrier", "spinlock", "lu"),
+         "busy2-x3": ("ep threads=1", "deadline threads=1", "barrier"),
          "software-x3": ("pigz", "barrier", "sysbench-threads"),
          "software-x4": ("pigz", "barrier", "sysbench-threads", "dd|cat")}
 # Mixed hosts of real guest software, kept out of tuning: auto's thresholds were
