@@ -152,7 +152,7 @@ def _member(g: synthetic.SyntheticGuest, slot_ms: int) -> Member:
 
 def run_switcher(cells: list[tuple[str, list[synthetic.SyntheticGuest]]], seconds: float) -> dict:
     """The real switcher process on one plan for ``seconds``: its exact latency and lateness samples."""
-    plan = pr.Plan(seq=1, max_stall_ms=500, rt_top_us=None,
+    plan = pr.Orders(seq=1, max_stall_ms=500, rt_top_us=None,
                    cells=tuple(Cell(cid, "freeze", (), tuple(_member(g, 50) for g in gs)) for cid, gs in cells))
     proc = subprocess.Popen([sys.executable, "-m", "cosched.switcher"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True, bufsize=1)

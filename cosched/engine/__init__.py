@@ -250,7 +250,7 @@ class Engine:
                              if e.get("kind") in self.knobs and not self.knobs[e["kind"]].exists(e)])
 
     # -- the switcher ---------------------------------------------------
-    def _message(self, p: Plan) -> pr.Plan:
+    def _message(self, p: Plan) -> pr.Orders:
         """The plan as the switcher takes it: each vCPU's return carries the
         attributes the journal recorded for it, which its boosts return it
         to, and until when it must not be boosted, if a restore here
@@ -263,7 +263,7 @@ class Engine:
             return m if all(v.tid in originals for v in m.vcpus) else replace(m, priority=0, boost_ms=0)
 
         vcpus = [v for c in p.cells for m in c.members for v in m.vcpus]
-        return pr.Plan(seq=0, max_stall_ms=self.max_stall_ms, rt_top_us=self._rt_top,
+        return pr.Orders(seq=0, max_stall_ms=self.max_stall_ms, rt_top_us=self._rt_top,
                        cells=tuple(replace(c, members=tuple(member(m) for m in c.members)) for c in p.cells),
                        max_boosted=p.max_boosted,
                        returns=tuple(pr.VcpuReturn(v.tid, originals.get(v.tid, SchedAttr()),

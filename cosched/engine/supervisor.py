@@ -92,7 +92,7 @@ class Supervisor:
         self._stats = EngineStats(journal_damage=journal_damage)
         self.lock = threading.Lock()          # guards _stats
         self.proc = None
-        self.sent: pr.Plan | None = None
+        self.sent: pr.Orders | None = None
         self._seq = 0
         self._applied = -1
         self._ready = False
@@ -110,7 +110,7 @@ class Supervisor:
         with self.lock:
             return dict(self._stats.costop)
 
-    def send(self, body: pr.Plan, timeout: float = 3.0) -> bool:
+    def send(self, body: pr.Orders, timeout: float = 3.0) -> bool:
         """Hand the plan to the switcher (started first if none runs); True
         once it confirms the plan is in force."""
         if self.proc is None or self.proc.poll() is not None or getattr(self.proc, "stalled", False):

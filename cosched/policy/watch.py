@@ -106,13 +106,13 @@ class BoostRules:
         self.next_in = 1         # polls until the next look
         self._calm = 0           # looks since the last long wait, at this pace
 
-    def _long_waits(self, seen: list[Look], told=()) -> tuple[list[bool], list[bool], list[bool]]:
+    def _long_waits(self, seen: list[Look], reported=()) -> tuple[list[bool], list[bool], list[bool]]:
         """Per vCPU: whether it waits; whether it waited at the last look
         too, not switched in since (a long wait the looks found); and
-        whether it is in a long wait, found by the looks or ``told``."""
+        whether it is in a long wait, found by the looks or ``reported``."""
         waiting = _waiting(self.vcpus, seen)
         looked = [w and v.wait_picks == s.picks for w, v, s in zip(waiting, self.vcpus, seen)]
-        long = [found or (w and i in told) for i, (w, found) in enumerate(zip(waiting, looked))]
+        long = [found or (w and i in reported) for i, (w, found) in enumerate(zip(waiting, looked))]
         for w, v, s in zip(waiting, self.vcpus, seen):
             v.wait_picks = s.picks if w else None
         return waiting, looked, long
@@ -209,7 +209,7 @@ class BoostRules:
         self._ends(now, seen, out)
         running = [j for j, s in enumerate(seen) if s.on_cpu]
         if waited is None:
-            # a long wait told is found without looks: it leaves the pace as it is
+            # a reported long wait is found without looks: it leaves the pace as it is
             waiting, looked, waited = self._long_waits(seen, long)
             self._pace(waiting, looked, running)
         if running if trigger is None else trigger:

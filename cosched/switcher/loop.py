@@ -61,7 +61,7 @@ def serve(sw: Switcher, rfd: int, write: Callable[[str], None], realtime: bool,
                         continue
                     if isinstance(msg, pr.Stop):
                         stopping.append(1)
-                    elif isinstance(msg, pr.Plan):
+                    elif isinstance(msg, pr.Orders):
                         if not realtime:               # boosts need the switcher above them
                             msg = _without_boosts(msg)
                         sw.apply(msg)
@@ -82,7 +82,7 @@ def serve(sw: Switcher, rfd: int, write: Callable[[str], None], realtime: bool,
         log.info("action=released")
 
 
-def _without_boosts(msg: pr.Plan) -> pr.Plan:
+def _without_boosts(msg: pr.Orders) -> pr.Orders:
     """The plan with no boosts: a switcher that is not realtime cannot end them on time."""
     return replace(msg, cells=tuple(replace(c, members=tuple(replace(m, priority=0, boost_ms=0) for m in c.members))
                                     for c in msg.cells))

@@ -2,7 +2,7 @@
 
 One JSON object per line, each with a ``type``; every message is a frozen
 dataclass here and only :func:`encode` and :func:`decode` touch JSON, so both
-ends agree by construction. Daemon to switcher: :class:`Plan`, :class:`Stop`.
+ends agree by construction. Daemon to switcher: :class:`Orders`, :class:`Stop`.
 Switcher to daemon: :class:`Ready` (it runs, realtime or not),
 :class:`Applied` (a plan is in force), :class:`Stats` (every
 :data:`STATS_EVERY_S`, every :data:`IDLE_STATS_EVERY_S` while it has nothing
@@ -34,9 +34,10 @@ class VcpuReturn:
 
 
 @dataclass(frozen=True)
-class Plan:
-    """The planner's cells (:class:`cosched.policy.plan.Cell`), as the
-    engine hands them on, and each managed vCPU's return."""
+class Orders:
+    """The plan in force as the switcher takes it: the planner's cells
+    (:class:`cosched.policy.plan.Cell`), as the engine hands them on, and
+    each managed vCPU's return."""
 
     seq: int
     max_stall_ms: int
@@ -44,7 +45,7 @@ class Plan:
     cells: tuple[Cell, ...]
     max_boosted: int = 0                    # watched vCPUs boosted at once, at most
     returns: tuple[VcpuReturn, ...] = ()
-    type: str = "plan"
+    type: str = "orders"
 
 
 @dataclass(frozen=True)
@@ -94,9 +95,9 @@ class Stats:
     type: str = "stats"
 
 
-MESSAGES = {cls.type: cls for cls in (Plan, Stop, Ready, Applied, Stats)}
-_NESTED = {(Plan, "cells"): Cell, (Cell, "members"): Member, (Member, "vcpus"): PlannedVcpu,
-           (Plan, "returns"): VcpuReturn, (Stats, "tallies"): Tally}
+MESSAGES = {cls.type: cls for cls in (Orders, Stop, Ready, Applied, Stats)}
+_NESTED = {(Orders, "cells"): Cell, (Cell, "members"): Member, (Member, "vcpus"): PlannedVcpu,
+           (Orders, "returns"): VcpuReturn, (Stats, "tallies"): Tally}
 
 
 def encode(msg) -> str:

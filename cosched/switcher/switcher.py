@@ -79,7 +79,7 @@ class Switcher:
             log.warning("action=error %s", message)
 
     # -- plans ----------------------------------------------------------
-    def apply(self, msg: pr.Plan) -> None:
+    def apply(self, msg: pr.Orders) -> None:
         """Adopt a new plan, keeping each cell's rotation where it can."""
         now = self.clock()
         self.max_stall_ns = self.rotation.max_stall_ns = int(msg.max_stall_ms * 1_000_000)

@@ -131,8 +131,8 @@ class Watching:
             rules = BoostRules(n, int(m.boost_ms * 1e6), int(m.pause_ms * 1e6), fresh_ns(m.boost_ms, self.share), fifo=True,
                         fifo_budget_ns=fifo_budget_ns(m))
         for i, v in enumerate(m.vcpus):      # returned from a deadline boost lately, here or by the daemon
-            told = returns[v.tid].quiet_until if v.tid in returns else 0
-            rules.hold(i, max(told, sched.quiet_until(v.tid)))
+            planned = returns[v.tid].quiet_until if v.tid in returns else 0
+            rules.hold(i, max(planned, sched.quiet_until(v.tid)))
         fds = []
         for v in m.vcpus:
             opened: list[int] = []

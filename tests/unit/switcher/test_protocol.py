@@ -14,7 +14,7 @@ def messages():
     member = Member("uuid-1", "vm1", 50, 1, (vcpu,), rt_vcpu_us=100, boost_ms=2, hosted=True)
     cell = Cell("gang", "freeze", (0, 1), (member,), note="boost off", kind="gang")
     return [
-        pr.Plan(seq=3, max_stall_ms=500, rt_top_us=None, cells=(cell,), max_boosted=2,
+        pr.Orders(seq=3, max_stall_ms=500, rt_top_us=None, cells=(cell,), max_boosted=2,
                 returns=(pr.VcpuReturn(11, SchedAttr("other", nice=-5), 123),)),
         pr.Stats(switches={"gang": 2}, latency_ns=(300_000,), lateness_ns=(100_000,),
                  tallies=(pr.Tally("uuid-1", 0, 1_234_567, 1, 2),), forced_thaws=1,

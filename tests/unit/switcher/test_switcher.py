@@ -61,7 +61,7 @@ def back(m, original=SchedAttr(), quiet=None):
 
 
 def gang(*members, mode="freeze", max_stall_ms=500, rt_top_us=None, returns=()):
-    return pr.Plan(1, max_stall_ms, rt_top_us, (Cell("gang", mode, (), members),), returns=returns)
+    return pr.Orders(1, max_stall_ms, rt_top_us, (Cell("gang", mode, (), members),), returns=returns)
 
 
 def thawed(fs, names):
@@ -235,7 +235,7 @@ def test_protocol_round_trips_every_message():
 def test_protocol_names_a_bad_message():
     import pytest
     with pytest.raises(ValueError, match="bad message"):
-        pr.decode('{"type": "plan", "seq": 1}')
+        pr.decode('{"type": "orders", "seq": 1}')
     with pytest.raises(ValueError, match="bad message"):
         pr.decode('{"type": "launch"}')
 
@@ -280,7 +280,7 @@ class Procs:
 
 
 def watched(mode, *members, max_boosted=2, returns=()):
-    return pr.Plan(1, 500, None, tuple(Cell(f"{mode}-{m.name}", mode, (), (m,)) for m in members),
+    return pr.Orders(1, 500, None, tuple(Cell(f"{mode}-{m.name}", mode, (), (m,)) for m in members),
                    max_boosted=max_boosted, returns=returns)
 
 
@@ -484,7 +484,7 @@ def test_a_calm_boost_guest_is_polled_less_often_and_an_idle_relaxed_one_every_t
         clock.now = deadline
     assert gaps[0] == POLL and gaps[-1] == SLOWEST * POLL
     relaxed = replace(member("b"), costop_ms=3, costart_ms=2)
-    sw.apply(pr.Plan(2, 500, None, (Cell("boost-a", "boost", (), (replace(member("a"), boost_ms=2),)),
+    sw.apply(pr.Orders(2, 500, None, (Cell("boost-a", "boost", (), (replace(member("a"), boost_ms=2),)),
                                     Cell("relaxed-b", "relaxed", (), (relaxed,)))))
     clock.now = sw.tick()                              # the relaxed guest, new, is looked at at once
     for _ in range(3):                                 # and sets the pace now: no lead, costop-ms 3
@@ -554,7 +554,7 @@ def test_a_wait_the_meter_reports_long_gets_a_calm_guest_looked_at_and_boosted_a
         procs.runs(100)
         clock.now = sw.tick()
     assert reports.watching == set()
-    sw.apply(pr.Plan(2, 500, None, ()))
+    sw.apply(pr.Orders(2, 500, None, ()))
     assert sched.attrs[101] == SchedAttr()
 
 
