@@ -8,7 +8,9 @@ A preset is a TOML file whose stem is its name::
     [parameters]
     quantum-ms = 20
 
-Built-in presets ship in the package (``cosched/policies/``); files in the site directories
+Built-in presets are the files of the repository's top-level ``policies/``,
+which the package carries as ``cosched/policies/`` (a link the build follows);
+files in the site directories
 (default ``/etc/cosched/policies.d``) add presets or replace built-in ones of
 the same name. A broken preset file is reported and skipped; it never stops
 the others from loading.
