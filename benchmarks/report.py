@@ -511,7 +511,7 @@ def mixed(res: dict) -> list[str]:
              "(the others paused, same repetition), median over repetitions; `sum` adds the relative "
              "figures. Targets: auto's sum at least the best single static policy's (1.10× where a guest "
              "idles or sleeps beside others), and no guest under 0.8× what its own best static policy "
-             "gives it. `none+slot` in auto's modes: left to the host scheduler in a slot of its own.", ""]
+             "gives it. `none+slot` in auto's modes: left to the host scheduler, hosted in the rotation (a turn of its own before commit 59d71cd, the turn the hosted guests share since).", ""]
     for unit in sorted({r["unit"] for r in runs}, key=lambda u: (len(u), u)):
         rs = [r for r in runs if r["unit"] == unit and r.get("valid", True)]
         names = list(rs[0]["guest_workloads"]) if rs else []
