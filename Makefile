@@ -97,7 +97,7 @@ demo: image services meter
 # the full benchmark suite (about two and a half hours on 2 CPUs, longer on a busy host); results in benchmarks/results/, written after every run
 bench: image services meter
 	$(PY) -m benchmarks.suite --guests 2,4 --reps 2 --seconds 5 \
-	    --mixed x3,x4,busy-x3,busy-x4,busy2-x3,software-x3,software-x4 --mixed-reps 3 --phases 90 --steady 60
+	    --mixed x3,x4,busy-x3,busy-x4,busy2-x3,software-x3,software-x4,software-busy2-x3 --mixed-reps 3 --phases 90 --steady 60
 
 # costs against the number of vCPUs and guests (synthetic guests, and 100 real ones): about 25 minutes on the 2-CPU development host
 bench-scale: image services meter
