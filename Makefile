@@ -94,7 +94,7 @@ soak: image services meter
 demo: image services meter
 	$(PY) -m testbed.demo
 
-# the full benchmark suite (about two and a half hours on 2 CPUs, longer on a busy host); results in benchmarks/results/, written after every run
+# the full benchmark suite (about two and three quarter hours on 2 CPUs, longer on a busy host); results in benchmarks/results/, written after every run
 bench: image services meter
 	$(PY) -m benchmarks.suite --guests 2,4 --reps 2 --seconds 5 \
 	    --mixed x3,x4,busy-x3,busy-x4,busy2-x3,software-x3,software-x4,software-busy2-x3 --mixed-reps 3 --phases 90 --steady 60
