@@ -1,17 +1,19 @@
 """A mixed host under ``auto``: a busy guest left to the host scheduler must not break a gang.
 
-Two 2-vCPU guests on the host's CPUs: a spin-barrier guest, which ``auto``
-co-schedules, and a busy guest that gains nothing from it (one busy thread,
-its second vCPU idle), which ``auto`` leaves to the host scheduler. The
-barrier guest's hazard (a vCPU running while its sibling waits for a CPU) is
-read from the daemon, in one run: with both guests under ``gang``, under
-``auto``, and under ``auto`` with ``slot="false"`` (the busy guest not given
-a slot of its own), the control that shows the hazard this test looks for.
-From outside, cgroup freeze states show that the busy guest never runs
-while the barrier guest does.
+Three 2-vCPU guests on the host's CPUs: a spin-barrier guest, which ``auto``
+co-schedules, and two busy guests that gain nothing from it (one busy thread
+each, the second vCPU idle), which ``auto`` leaves to the host scheduler and
+hosts in the rotation, in one turn they share. The barrier guest's hazard (a
+vCPU running while its sibling waits for a CPU) is read from the daemon, in
+one run: with all three under ``gang``, under ``auto``, and under ``auto``
+with ``slot="false"`` (the busy guests not hosted), the control that shows
+the hazard this test looks for. From outside, cgroup freeze states show that
+no busy guest runs while the barrier guest does, and that the two busy
+guests run at the same time.
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 
@@ -21,8 +23,10 @@ from testbed import guests
 
 from .conftest import PREFIX, DaemonProcess
 
-BARRIER, BUSY = PREFIX + "mixed-barrier", PREFIX + "mixed-busy"
+BARRIER, BUSY, BUSY2 = PREFIX + "mixed-barrier", PREFIX + "mixed-busy", PREFIX + "mixed-busy2"
+ALL = (BARRIER, BUSY, BUSY2)
 MEASURE = 6.0
+SAMPLER_PRIORITY = 40          # SCHED_FIFO: above a gang slot's boost (1), below the switcher (50)
 
 
 def set_policy(name: str, xml: str) -> None:
@@ -31,9 +35,9 @@ def set_policy(name: str, xml: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def pair(libvirtd, guest_image):
+def trio(libvirtd, guest_image):
     started = []
-    for name, workload in ((BARRIER, "barrier"), (BUSY, "ep threads=1")):
+    for name, workload in ((BARRIER, "barrier"), (BUSY, "ep threads=1"), (BUSY2, "deadline threads=1")):
         with guests.paused(started):
             g = guests.start(name, workload=workload, image=guest_image)
             started.append(g)
@@ -54,57 +58,77 @@ def hazard(daemon: DaemonProcess, name: str, seconds: float) -> float:
     return (h1 - h0) / max(o1 - o0, 1e-9)
 
 
-def thawed_together(seconds: float) -> tuple[int, int]:
-    """(samples, samples in which a vCPU of each guest was thawed, twice in a row)."""
-    cgs = {n: sorted(guests.vcpu_cgroups(n)["v2"]) for n in (BARRIER, BUSY)}
+def thawed_together(seconds: float) -> tuple[int, int, int]:
+    """(samples, samples in which a vCPU of the barrier guest and of a busy
+    guest were thawed, twice in a row; samples in which a vCPU of each busy
+    guest was).
+
+    The sampling thread runs under SCHED_FIFO, below the switcher's
+    priority and above the vCPUs' boosts: a gang guest boosted in its slot
+    would otherwise keep it off the CPUs for the whole slot, and the samples
+    would miss the very slots they check."""
+    cgs = {n: sorted(guests.vcpu_cgroups(n)["v2"]) for n in ALL}
     assert all(cgs.values()), f"no vCPU cgroups found: {cgs}"
-    samples = both = 0
+    samples = crossed = shared = 0
     prev = False
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        thawed = [any(open(f"{cg}/cgroup.events").read().split()[-1] == "0" for cg in files)
-                  for files in cgs.values()]
-        now = all(thawed)
-        both += now and prev
-        prev = now
-        samples += 1
-        time.sleep(0.0005)
-    return samples, both
+    policy, param = os.sched_getscheduler(0), os.sched_getparam(0)
+    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(SAMPLER_PRIORITY))
+    try:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            barrier, busy, busy2 = [any(open(f"{cg}/cgroup.events").read().split()[-1] == "0" for cg in files)
+                                    for files in cgs.values()]
+            now = barrier and (busy or busy2)
+            crossed += now and prev
+            shared += busy and busy2
+            prev = now
+            samples += 1
+            time.sleep(0.0005)
+    finally:
+        os.sched_setscheduler(0, policy, param)
+    return samples, crossed, shared
 
 
-def test_a_busy_guest_left_to_the_host_no_longer_breaks_a_gang(pair, tmp_path):
+def test_busy_guests_left_to_the_host_no_longer_break_a_gang_and_share_their_turn(trio, tmp_path):
     daemon = DaemonProcess(tmp_path).start()
     try:
-        for name in (BARRIER, BUSY):                    # the reference: both guests take turns under gang
+        for name in ALL:                                # the reference: all three take turns under gang
             set_policy(name, '<policy name="gang"/>')
-        daemon.wait(lambda: any(sorted(c["members"]) == sorted([BARRIER, BUSY]) and c["mode"] == "freeze"
-                                for c in daemon.status()["daemon"]["engine"]["cells"]), 10, "a gang of the two")
+        daemon.wait(lambda: any(sorted(c["members"]) == sorted(ALL) and c["mode"] == "freeze"
+                                for c in daemon.status()["daemon"]["engine"]["cells"]), 10, "a gang of the three")
         time.sleep(1)
         ganged = hazard(daemon, BARRIER, MEASURE)
 
-        set_policy(BARRIER, '<policy name="auto"/>')
-        set_policy(BUSY, '<policy name="auto"/>')
+        for name in ALL:
+            set_policy(name, '<policy name="auto"/>')
 
         def composed():
-            b, o = daemon.domain(BARRIER) or {}, daemon.domain(BUSY) or {}
-            return b.get("mode") == "gang" and o.get("mode") == "none" and o.get("hosted")
-        daemon.wait(composed, 30, "auto: the barrier guest in gang, the busy one in a slot of its own")
+            b = daemon.domain(BARRIER) or {}
+            return b.get("mode") == "gang" and all((daemon.domain(n) or {}).get("mode") == "none" and
+                                                   (daemon.domain(n) or {}).get("hosted") for n in (BUSY, BUSY2))
+        daemon.wait(composed, 30, "auto: the barrier guest in gang, the busy ones hosted")
         time.sleep(1)
         protected = hazard(daemon, BARRIER, MEASURE)
-        samples, both = thawed_together(3.0)
+        samples, crossed, shared = thawed_together(3.0)
         explained = daemon.explain(BUSY)
 
-        set_policy(BUSY, '<policy name="auto" slot="false"/>')
-        daemon.wait(lambda: (daemon.domain(BUSY) or {}).get("hosted") is False, 10, "the busy guest free")
+        for name in (BUSY, BUSY2):
+            set_policy(name, '<policy name="auto" slot="false"/>')
+        daemon.wait(lambda: all((daemon.domain(n) or {}).get("hosted") is False for n in (BUSY, BUSY2)), 10,
+                    "the busy guests free")
         time.sleep(1)
         free = hazard(daemon, BARRIER, MEASURE)
     finally:
         code = daemon.stop()
-    print(f"\nbarrier guest hazard: both under gang {ganged:.3f}, auto {protected:.3f}, auto with the busy guest free "
-          f"{free:.3f}; both thawed in {both} of {samples} samples")
+    print(f"\nbarrier guest hazard: all under gang {ganged:.3f}, auto {protected:.3f}, auto with the busy guests free "
+          f"{free:.3f}; of {samples} samples, a busy guest thawed beside the barrier guest in {crossed}, "
+          f"both busy guests thawed in {shared}")
     assert code == 0
-    assert explained["hosted"] and [s["domain"] for c in explained["host"]["cells"] for s in c["slots"]] == [
-        BARRIER, BUSY]
-    assert both <= samples * 0.01, f"the busy guest ran in the gang's slot: {both} of {samples} samples"
-    assert protected <= ganged + 0.05, f"hazard under auto {protected:.3f}, both under gang {ganged:.3f}"
-    assert free >= protected + 0.05, f"control: a free busy guest left the hazard at {free:.3f}"
+    slots = {s["domain"]: s for c in explained["host"]["cells"] for s in c["slots"]}
+    assert explained["hosted"] and list(slots) == [BARRIER, BUSY, BUSY2]
+    assert slots[BUSY]["turn"] == slots[BUSY2]["turn"] != slots[BARRIER]["turn"]       # one shared turn
+    assert crossed <= samples * 0.01, f"a busy guest ran in the gang's slot: {crossed} of {samples} samples"
+    # their turn is 100 ms of a 150 ms cycle: both thawed in about two samples of three
+    assert shared >= samples * 0.4, f"the busy guests did not run in one turn: both thawed in {shared} of {samples}"
+    assert protected <= ganged + 0.05, f"hazard under auto {protected:.3f}, all under gang {ganged:.3f}"
+    assert free >= protected + 0.05, f"control: free busy guests left the hazard at {free:.3f}"
