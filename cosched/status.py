@@ -75,7 +75,7 @@ def document(snap: Snapshot | None, views: Mapping, plan: Plan, stats, live: Map
     ``modes``: the mode in force per managed guest, by uuid (for ``auto``,
     its choice or what the planner took instead: :meth:`cosched.daemon.Daemon.modes`).
     ``views``: the sampler's per-domain figures by uuid; ``stats``: the
-    engine's :class:`~cosched.engine.EngineStats`; ``live``: per (uuid, vCPU
+    engine's :class:`~cosched.switcher.protocol.Stats`; ``live``: per (uuid, vCPU
     index) the state read just now (``frozen``, ``sched``, ``priority``);
     ``daemon`` and ``engine``: settings and health, copied in as they are.
     """

@@ -28,14 +28,14 @@ from cosched.actuators import journal as jr
 from cosched.actuators import knobs
 from cosched.actuators.affinity import AffinityKnob
 from cosched.actuators.sched import SchedAttr, SchedKnob, thread_start
-from cosched.engine.supervisor import EngineStats, Supervisor, spawn_switcher
+from cosched.engine.supervisor import Supervisor, spawn_switcher
 from cosched.engine.undo import restore, undo
 from cosched.hostfs import HostFS
 from cosched.model import Snapshot
 from cosched.policy.plan import Plan, untouchable
 from cosched.switcher import protocol as pr
 
-__all__ = ["Engine", "EngineStats"]
+__all__ = ["Engine"]
 
 log = logging.getLogger("cosched.engine")
 
@@ -86,7 +86,7 @@ class Engine:
         """A reload's new ``max_stall_ms``, from the next plan on."""
         self.max_stall_ms = self.switcher.max_stall_ms = max_stall_ms
 
-    def stats(self) -> EngineStats:
+    def stats(self) -> pr.Stats:
         """A private copy of the switcher's accumulated figures, safe to read without a lock."""
         return self.switcher.stats()
 

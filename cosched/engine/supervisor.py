@@ -2,7 +2,7 @@
 
 The supervisor starts the switcher (:mod:`cosched.switcher`) when a plan needs
 it, hands it each new plan and waits until it confirms the plan is in force,
-and accumulates what it reports (:class:`EngineStats`). A switcher that dies,
+and adds up what it reports (:class:`~cosched.switcher.protocol.Stats`). A switcher that dies,
 or that has guests to switch or watch but stays silent and does not run
 (stopped, starved of CPU, stuck in the kernel) for :func:`stall_limit`, is
 killed; what it may have left (thread policies, cgroup files, pinning) is
@@ -17,44 +17,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter, deque
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Callable
 
-from cosched.histogram import Histogram
 from cosched.hostfs import HostFS
 from cosched.kernel import parse_schedstat
 from cosched.sampler.meter import LongWaits
 from cosched.switcher import protocol as pr
 
 log = logging.getLogger("cosched.engine")
-
-LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.002, 0.005, 0.01, 0.05)
-LATENESS_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.1)
-
-
-@dataclass
-class EngineStats:
-    """What the switcher reported, accumulated. Read it through :meth:`Supervisor.stats`."""
-
-    switches: dict[str, int] = field(default_factory=dict)
-    latency: Histogram = field(default_factory=lambda: Histogram(LATENCY_BUCKETS))
-    lateness: Histogram = field(default_factory=lambda: Histogram(LATENESS_BUCKETS))
-    costop: dict[tuple[str, int], float] = field(default_factory=dict)   # (uuid, vcpu) -> seconds
-    costops: dict[tuple[str, int], int] = field(default_factory=dict)    # (uuid, vcpu) -> co-stops
-    boosts: dict[tuple[str, int], int] = field(default_factory=dict)     # (uuid, vcpu) -> boosts
-    forced_thaws: int = 0
-    long_waits_held: Counter = field(default_factory=Counter)         # why -> long waits not boosted
-    long_waits_reported: int = 0                                      # by the meter
-    errors: deque = field(default_factory=lambda: deque(maxlen=50))
-    active: dict[str, str] = field(default_factory=dict)
-    boost_failed: dict[str, str] = field(default_factory=dict)
-    realtime: bool | None = None
-    rt_stranded_us: int = 0              # RT runtime granted to cgroups removed while holding it
-    error_count: int = 0                 # problems reported so far (errors keeps the last 50)
-    journal_damage: int = 0              # lines of the journal found damaged at start
-    admission_wrong: bool = False        # the kernel's deadline admission total is wrong and was not recounted
-
 
 def stall_limit(max_stall_ms: int) -> float:
     """Seconds of silence after which a busy switcher is taken for stalled:
@@ -89,7 +60,7 @@ class Supervisor:
         self.fs, self.priority, self.max_stall_ms = fs, priority, max_stall_ms
         self.factory, self.long_waits, self.op_lock = factory, long_waits, op_lock
         self.undo, self.frozen, self.resync = undo, frozen, resync
-        self._stats = EngineStats(journal_damage=journal_damage)
+        self._stats = pr.Stats(journal_damage=journal_damage)     # since the daemon started
         self.lock = threading.Lock()          # guards _stats
         self.proc = None
         self.sent: pr.Orders | None = None
@@ -98,9 +69,13 @@ class Supervisor:
         self._ready = False
         self._acks = threading.Condition()
         self._heard = 0.0                     # monotonic time of the switcher's last message
-        self.released_by = 0                  # a switcher's boosts' bandwidth all released by (Stats.released_by)
 
-    def stats(self) -> EngineStats:
+    @property
+    def released_by(self) -> int:
+        """When every switcher's boosts' bandwidth is let go of (CLOCK_MONOTONIC ns, :attr:`pr.Stats.released_by`)."""
+        return self._stats.released_by
+
+    def stats(self) -> pr.Stats:
         """A private copy of the switcher's accumulated figures, safe to read without a lock."""
         with self.lock:
             return copy.deepcopy(self._stats)
@@ -235,8 +210,7 @@ class Supervisor:
                       "froze or boosted is restored and it is restarted", proc.pid, 1000 * silent, frozen)
             with self.lock:
                 self._stats.forced_thaws += frozen
-                self._stats.errors.append(f"switcher silent for {1000 * silent:.0f} ms: killed and restarted")
-                self._stats.error_count += 1
+                self._stats.error(f"switcher silent for {1000 * silent:.0f} ms: killed and restarted")
             proc.stalled = True
             proc.kill()
             # killed, it runs no more of its code, but its exit (and the end of its output, which the
@@ -246,29 +220,7 @@ class Supervisor:
 
     def _account(self, msg: pr.Stats) -> None:
         with self.lock:
-            s = self._stats
-            for cell, n in msg.switches.items():
-                s.switches[cell] = s.switches.get(cell, 0) + n
-            for ns in msg.latency_ns:
-                s.latency.observe(ns / 1e9)
-            for ns in msg.lateness_ns:
-                s.lateness.observe(ns / 1e9)
-            for t in msg.tallies:        # deltas: a restarted switcher does not reset the counters
-                key = (t.uuid, t.vcpu)
-                s.costop[key] = s.costop.get(key, 0.0) + t.costop_ns / 1e9
-                s.costops[key] = s.costops.get(key, 0) + t.costops
-                s.boosts[key] = s.boosts.get(key, 0) + t.boosts
-            s.forced_thaws += msg.forced_thaws
-            s.rt_stranded_us += msg.rt_stranded_us
-            if msg.admission_wrong is not None:
-                s.admission_wrong = msg.admission_wrong
-            self.released_by = max(self.released_by, msg.released_by)
-            s.long_waits_held.update(msg.long_waits_held)
-            s.long_waits_reported += msg.long_waits_reported
-            s.errors.extend(msg.errors)
-            s.error_count += len(msg.errors)
-            s.active = dict(msg.active)
-            s.boost_failed = dict(msg.boost_failed)
+            self._stats.add(msg)
 
     def stop(self) -> None:
         """Have the switcher release everything and exit (killed after 10 s)."""

@@ -26,7 +26,7 @@ class Grants:
         self.fs, self.vcpus, self.error = fs, vcpus, error
         self.rt = RtGrants(fs, error)
         self.exits: dict[int, tuple] = {}            # exit descriptor -> key of a vCPU holding RT runtime
-        self._stranded_told = 0
+        self._stranded_reported = 0
 
     def hold(self, owners: list[tuple], top_us: int | None) -> list[tuple[object, str, str]]:
         """Grant what these boosting members need and nothing else;
@@ -86,5 +86,5 @@ class Grants:
 
     def stranded(self) -> int:
         """RT runtime stranded in removed cgroups since the last call."""
-        n, self._stranded_told = self.rt.stranded_us - self._stranded_told, self.rt.stranded_us
+        n, self._stranded_reported = self.rt.stranded_us - self._stranded_reported, self.rt.stranded_us
         return n

@@ -18,7 +18,7 @@ from cosched.actuators.sched import SchedAttr
 from cosched.policy.plan import Cell, Member
 from cosched.switcher import protocol as pr
 from cosched.switcher.timing import FREEZE_WAIT_S
-from cosched.switcher.vcpus import Counters, Vcpus, VState, keys_of
+from cosched.switcher.vcpus import Vcpus, VState, keys_of
 
 log = logging.getLogger("cosched.switcher")
 
@@ -56,7 +56,7 @@ class CellState:
 class Rotation:
     """The rotated cells of the plan in force (``cells``)."""
 
-    def __init__(self, vcpus: Vcpus, counters: Counters, clock: Callable[[], int], error: Callable[[str], None]):
+    def __init__(self, vcpus: Vcpus, counters: pr.Stats, clock: Callable[[], int], error: Callable[[str], None]):
         self.vcpus, self.counters, self.clock, self.error = vcpus, counters, clock, error
         self.cells: dict[str, CellState] = {}
         self.max_stall_ns = 0

@@ -22,7 +22,7 @@ from cosched.switcher.boosts import boost_share
 from cosched.switcher.grants import Grants
 from cosched.switcher.rotation import Rotation
 from cosched.switcher.timing import ADMISSION_CHECK_NS, REFUSED_CHECK_NS
-from cosched.switcher.vcpus import Counters, Vcpus
+from cosched.switcher.vcpus import Vcpus
 from cosched.switcher.watching import Watched, Watching
 
 log = logging.getLogger("cosched.switcher")
@@ -46,7 +46,7 @@ class Switcher:
         self.rt_top_us = rt_top_us
         self.sched = sched if sched is not None else SchedKnob(fs, clock=clock)
         self.clock = clock
-        self.counters = Counters()
+        self.counters = pr.Stats()
         self._reported: set[str] = set()
         self.vcpus = Vcpus(fs, self.sched, clock, self.counters, self._error)
         self.rotation = Rotation(self.vcpus, self.counters, clock, self._error)
@@ -75,7 +75,7 @@ class Switcher:
     def _error(self, message: str) -> None:
         if message not in self._reported:
             self._reported.add(message)
-            self.counters.errors.append(message)
+            self.counters.error(message)
             log.warning("action=error %s", message)
 
     # -- plans ----------------------------------------------------------
@@ -172,21 +172,17 @@ class Switcher:
         self.rotation.cells = {}
 
     def take_stats(self, released: bool = False) -> pr.Stats:
-        """The counters since the last call; vCPUs frozen now are credited up to now."""
+        """What it did since the last call, and its state now; vCPUs frozen
+        now are credited up to now."""
         self.vcpus.credit(self.clock())
         c = self.counters.take()
-        if c.held["refused"]:
-            log.info("action=boosts-refused count=%d reason='deadline admission control (EBUSY)'", c.held["refused"])
-        vcpus = sorted(set(c.costop_ns) | set(c.costops) | set(c.boosts))
+        if c.long_waits_held.get("refused"):
+            log.info("action=boosts-refused count=%d reason='deadline admission control (EBUSY)'",
+                     c.long_waits_held["refused"])
         cells, watched = self.rotation.cells, self.watching.watched
-        failed = {cell.id: cell.boost_failed for cell in cells.values() if cell.boost_failed}
-        failed.update({w.cell: w.boost_failed for w in watched.values() if w.boost_failed})
-        return pr.Stats(
-            switches=c.switches, latency_ns=tuple(c.latency_ns), lateness_ns=tuple(c.lateness_ns),
-            tallies=tuple(pr.Tally(uuid, vcpu, c.costop_ns.get((uuid, vcpu), 0), c.costops.get((uuid, vcpu), 0),
-                                   c.boosts.get((uuid, vcpu), 0)) for uuid, vcpu in vcpus),
-            forced_thaws=c.forced_thaws, long_waits_held=dict(c.held), long_waits_reported=c.reported,
-            errors=tuple(c.errors),
-            active={cell.id: cell.running()[0].uuid for cell in cells.values() if cell.members},
-            boost_failed=failed, released=released, released_by=self.sched.released_by(),
-            rt_stranded_us=self.grants.stranded(), admission_wrong=self.admission_wrong)
+        c.boost_failed = {cell.id: cell.boost_failed for cell in cells.values() if cell.boost_failed}
+        c.boost_failed.update({w.cell: w.boost_failed for w in watched.values() if w.boost_failed})
+        c.active = {cell.id: cell.running()[0].uuid for cell in cells.values() if cell.members}
+        c.released, c.released_by = released, self.sched.released_by()
+        c.rt_stranded_us, c.admission_wrong = self.grants.stranded(), self.admission_wrong
+        return c

@@ -9,11 +9,9 @@ before it is thawed and returned.
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import os
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from cosched.actuators.freezer import Freezer
@@ -42,39 +40,12 @@ class VState:
     boosted: bool = False
 
 
-@dataclass
-class Counters:
-    """What happened since the switcher last reported (:meth:`take`)."""
-
-    switches: dict[str, int] = field(default_factory=dict)
-    latency_ns: list[int] = field(default_factory=list)
-    lateness_ns: list[int] = field(default_factory=list)
-    costop_ns: dict[tuple[str, int], int] = field(default_factory=dict)     # (uuid, vcpu) -> ns
-    costops: dict[tuple[str, int], int] = field(default_factory=dict)
-    boosts: dict[tuple[str, int], int] = field(default_factory=dict)
-    held: Counter = field(default_factory=Counter)      # long waits of watched guests not boosted, by why
-    reported: int = 0                                   # long waits the meter reported of guests watched
-    forced_thaws: int = 0
-    errors: list[str] = field(default_factory=list)
-
-    @staticmethod
-    def add(per_vcpu: dict, key: tuple, n: int = 1) -> None:
-        """Count ``n`` for the vCPU a switcher key names (its uuid and index)."""
-        per_vcpu[key[:2]] = per_vcpu.get(key[:2], 0) + n
-
-    def take(self) -> "Counters":
-        """The counts so far; this record starts again from nothing."""
-        taken = copy.copy(self)
-        self.__init__()
-        return taken
-
-
 class Vcpus:
     """Every vCPU the switcher holds: its plan, what was done to it, and the
     per-vCPU actions. ``sched`` applies scheduling attributes; ``error``
     reports a problem once."""
 
-    def __init__(self, fs: HostFS, sched, clock: Callable[[], int], counters: Counters,
+    def __init__(self, fs: HostFS, sched, clock: Callable[[], int], counters: pr.Stats,
                  error: Callable[[str], None]):
         self.fs, self.sched, self.clock, self.counters, self.error = fs, sched, clock, counters, error
         self.freezer = Freezer(fs)
@@ -114,7 +85,7 @@ class Vcpus:
         if frozen:
             st.frozen, st.frozen_since, st.credited = True, now, now
         else:
-            self.counters.add(self.counters.costop_ns, key, max(now - st.credited, 0))
+            self.counters.count(self.counters.costop, key, max(now - st.credited, 0) / 1e9)
             st.frozen = False
 
     def unboost(self, key, siblings: tuple = ()) -> None:
@@ -196,5 +167,5 @@ class Vcpus:
         """Count the co-stop time of the vCPUs frozen now, up to now."""
         for key, st in self.state.items():
             if st.frozen:
-                self.counters.add(self.counters.costop_ns, key, max(now - st.credited, 0))
+                self.counters.count(self.counters.costop, key, max(now - st.credited, 0) / 1e9)
                 st.credited = now

@@ -23,7 +23,7 @@ from cosched.policy.watch import BoostRules, Look, RelaxedRules, on_cpu_unchange
 from cosched.switcher import protocol as pr
 from cosched.switcher.boosts import FALLBACK_BOOST, boost_attr, fifo_budget_ns, fresh_ns
 from cosched.switcher.timing import LONG_WAIT_NS, WATCH_POLL_NS
-from cosched.switcher.vcpus import Counters, Vcpus, VState, keys_of
+from cosched.switcher.vcpus import Vcpus, VState, keys_of
 
 log = logging.getLogger("cosched.switcher")
 
@@ -54,7 +54,7 @@ class Watching:
     ``share``: of a CPU, per deadline boost; ``long_waits``: the meter's
     long-wait reports (:class:`cosched.sampler.meter.LongWaits`), or None."""
 
-    def __init__(self, fs: HostFS, vcpus: Vcpus, counters: Counters, clock: Callable[[], int],
+    def __init__(self, fs: HostFS, vcpus: Vcpus, counters: pr.Stats, clock: Callable[[], int],
                  error: Callable[[str], None], share: float, long_waits=None):
         self.fs, self.vcpus, self.counters, self.clock, self.error = fs, vcpus, counters, clock, error
         self.share = share
@@ -180,7 +180,7 @@ class Watching:
             uuid, i = self._subscribed.get(tid, (None, None))    # an entry lives as long as its watch
             w = self.watched.get(uuid)
             if w is not None:
-                self.counters.reported += 1
+                self.counters.long_waits_reported += 1
                 w.long.add(i)
                 w.due = now
                 self.next_poll = now
@@ -238,7 +238,7 @@ class Watching:
                     # deadline admission control is full for now (other deadline tasks, or an
                     # old boost's bandwidth not yet released), or its total is wrong: skip this one,
                     # not the guest, and have the total checked (a boost refused adds nothing to release)
-                    self.counters.held["refused"] += 1
+                    self.counters.hold("refused")
                     return None
                 w.refused[i] = e.errno
                 if isinstance(w.rules, BoostRules):
@@ -262,9 +262,9 @@ class Watching:
         if stale:
             vcpus.unboost(key, w.keys)      # it would not run while boosted: back now, held as the knob says
             w.rules.hold(i, sched.quiet_until(tid))
-            self.counters.held["stale"] += 1
+            self.counters.hold("stale")
             return st.boosted
-        self.counters.add(self.counters.boosts, key)
+        self.counters.count(self.counters.boosts, key)
         return True
 
     def poll(self, now: int, room: int, checking: bool) -> bool:
@@ -299,7 +299,8 @@ class Watching:
                 held = dict(acts.held)
                 if checking and "room" in held:    # no room: the admission total is checked
                     held["check"] = held.pop("room")
-                self.counters.held.update(held)
+                for why, n in held.items():
+                    self.counters.hold(why, n)
             for i in acts.unboost:
                 vcpus.unboost(keys[i], keys)
                 rules.hold(i, sched.quiet_until(w.plan.vcpus[i].tid))
@@ -309,7 +310,7 @@ class Watching:
             for i in acts.freeze:
                 vcpus.freeze(keys[i], True, now)
                 if vcpus.frozen(keys[i]):
-                    self.counters.add(self.counters.costops, keys[i])
+                    self.counters.count(self.counters.costops, keys[i])
             # In the rules' order, also where a deadline boost of a vCPU queued on the switcher's own CPU
             # preempts it (SCHED_DEADLINE is above its SCHED_FIFO) and so delays the boosts after it:
             # applying those last served barrier and pingpong guests worse and cost more CPU (the

@@ -58,13 +58,13 @@ def test_host_wide_side_effects_are_metrics():
     """RT runtime stranded in removed cgroups and a deadline admission total
     cosched could not recount, from the switcher's reports as the engine
     accumulates them."""
-    from cosched.engine import EngineStats
+    from cosched.switcher.protocol import Stats
 
     class Engine:
         plan = None
 
         def stats(self):
-            return EngineStats(rt_stranded_us=300_000, admission_wrong=True, error_count=7, journal_damage=2)
+            return Stats(rt_stranded_us=300_000, admission_wrong=True, error_count=7, journal_damage=2)
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(CoschedCollector(lambda: None, dict, Engine()))

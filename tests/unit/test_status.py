@@ -4,7 +4,7 @@ import logging
 from prometheus_client import CollectorRegistry, generate_latest
 
 from cosched import status
-from cosched.engine import EngineStats
+from cosched.switcher.protocol import Stats
 from cosched.metrics import CoschedCollector
 from cosched.model import Domain, Host, PolicySpec, Snapshot, Vcpu
 from cosched.policy.plan import Plan
@@ -39,7 +39,7 @@ def test_changes_name_every_state_change_once():
 
 
 def test_document_has_the_contract_keys_and_the_live_state():
-    stats = EngineStats()
+    stats = Stats()
     stats.costop[("uuid-vm1", 0)] = 1.5
     live = {("uuid-vm1", 0): {"frozen": True, "sched": "fifo", "priority": 5}}
     doc = status.document(snap(dom()), {}, Plan(), stats, live, {"version": "x"}, {"paused": False})
@@ -67,7 +67,7 @@ def test_health_metrics():
 
 def test_mode_and_watch_counts_in_status_and_metrics():
     from cosched.policy.plan import Cell, Member
-    stats = EngineStats()
+    stats = Stats()
     stats.costops[("uuid-vm1", 0)], stats.boosts[("uuid-vm1", 1)] = 4, 7
     plan = Plan((Cell("relaxed-vm1", "relaxed", (), (Member("uuid-vm1", "vm1", 0, 0, ()),), kind="relaxed"),))
     auto = PolicySpec("auto", "auto", (), "annotation")

@@ -5,6 +5,8 @@ import threading
 import time
 from dataclasses import replace
 
+import pytest
+
 from tests.support.fakehost import CgroupEventsFS as FreezerFS, FakeSched
 
 from cosched.actuators.sched import SchedAttr, zero_bandwidth
@@ -83,7 +85,7 @@ def test_rotation_one_guest_thawed_at_a_time(tmp_path):
     assert stats.switches == {"gang": 9}
     assert len(stats.latency_ns) == 9 and stats.forced_thaws == 0
     # each guest was frozen 100 ms per 150 ms cycle
-    assert pr.Tally("a", 0, costop_ns=3 * 100 * MS) in stats.tallies   # thawed again at 150, 300 and 450 ms
+    assert stats.costop[("a", 0)] == pytest.approx(0.3)                 # thawed again at 150, 300 and 450 ms
 
 
 def test_hosted_guests_share_one_turn_and_a_new_plan_keeps_it_running(tmp_path):
@@ -173,7 +175,7 @@ def test_a_vcpu_that_does_not_freeze_is_named_and_the_rotation_goes_on(tmp_path)
     sw.apply(gang(member("a"), member("b"), max_stall_ms=120))
     assert thawed(fs, "ab") == ["a"]                 # b keeps its freeze request: it traps once it runs
     stats = sw.take_stats()
-    assert stats.errors == ("domain=b vcpu=1 not frozen within 30 ms: it freezes when it next runs",)
+    assert stats.errors == ["domain=b vcpu=1 not frozen within 30 ms: it freezes when it next runs"]
     assert stats.forced_thaws == 0
     for turn in "bab":
         clock.now += 50 * MS
@@ -220,16 +222,6 @@ def test_rt_runtime_granted_statically_and_restored(tmp_path):
     assert rt("a/vcpu0/") == "100000"                    # kept between slots: no throttle debt
     sw.release_all()
     assert {rt(p) for p in ("", "a/", "a/vcpu0/", "b/vcpu1/")} == {"0"}
-
-
-def test_protocol_round_trips_every_message():
-    plan = gang(member("a", prio=3, rt=True, rt_us=5), member("b"), returns=back(member("a"), SchedAttr("batch", nice=2)))
-    stats = pr.Stats(switches={"gang": 2}, latency_ns=(1, 2), tallies=(pr.Tally("a", 1, 7, 1, 2),), errors=("x",),
-                     active={"gang": "a"}, released=True)
-    for msg in (plan, pr.Stop(), pr.Ready(True), pr.Applied(4), stats):
-        line = pr.encode(msg)
-        assert line.endswith("\n") and line.count("\n") == 1
-        assert pr.decode(line) == msg
 
 
 def test_protocol_names_a_bad_message():
@@ -303,7 +295,7 @@ def test_bcs_boosts_with_sched_deadline_and_returns_to_the_recorded_attributes(t
     sw.tick()
     assert sched.attrs[101] == batch
     assert sched.calls[-2:] == [(101, zero_bandwidth(fs)), (101, batch)]   # young: through the zero reservation
-    assert pr.Tally("a", 1, boosts=1) in sw.take_stats().tallies
+    assert sw.take_stats().boosts[("a", 1)] == 1
     assert all(fs.read(f"{CG2}/machine/a/vcpu{i}/cgroup.freeze") == "0" for i in range(2))   # nothing left frozen
 
 
@@ -579,7 +571,7 @@ def test_bcs_falls_back_to_fifo_and_reports_when_no_boost_is_allowed(tmp_path):
     neither = FakeSched(fail={"deadline": errno.EPERM, "fifo": errno.EPERM})
     stats = first_boost(fs, procs, clock, neither).take_stats()
     assert stats.boost_failed["boost-a"].startswith("boost impossible for domain a")
-    assert neither.calls == [] and stats.tallies == ()
+    assert neither.calls == [] and not (stats.costop or stats.costops or stats.boosts)
     # a full deadline admission (EBUSY) skips that boost only; the guest keeps boosting
     busy = FakeSched(fail={"deadline": errno.EBUSY})
     stats = first_boost(fs, procs, clock, busy).take_stats()
@@ -600,7 +592,7 @@ def test_a_vcpu_refused_sched_deadline_takes_sched_fifo_at_once_until_a_new_plan
         procs.runs(100)
         sw.tick()
     fifo = [a for tid, a in pinned.calls if tid == 101 and a == SchedAttr("fifo", priority=1)]
-    assert len(fifo) >= 3 and sw.take_stats().tallies
+    assert len(fifo) >= 3 and sw.take_stats().boosts
     tried = lambda: sorted(tid for tid, a in pinned.refused if a.policy == "deadline")
     assert 101 in tried() and tried() == sorted(set(tried()))    # once per vCPU
     before = tried()
@@ -631,7 +623,8 @@ def test_relaxed_freezes_only_the_leader_and_release_thaws_it(tmp_path):
     clock.now += 10 * MS
     sw.release_all()
     assert fs.read(f"{CG2}/machine/a/vcpu0/cgroup.freeze") == "0"
-    assert pr.Tally("a", 0, costop_ns=clock.now - frozen_at, costops=1) in sw.take_stats().tallies
+    stats = sw.take_stats()
+    assert stats.costop[("a", 0)] == pytest.approx((clock.now - frozen_at) / 1e9) and stats.costops[("a", 0)] == 1
 
 
 def test_relaxed_never_holds_every_vcpu_of_a_guest_still_for_a_return(tmp_path):
@@ -905,7 +898,7 @@ def test_a_boost_guest_refused_sched_fifo_boosts_with_sched_deadline_only(tmp_pa
         boosts = [a.policy for t, a in sched.calls if t == 101 and a in (deadline, FALLBACK_BOOST)]
         errors = sw.take_stats().errors
         if not sched.fail:
-            assert boosts.count("deadline") in (4, 5) and boosts.count("fifo") > 10 and errors == (), boosts
+            assert boosts.count("deadline") in (4, 5) and boosts.count("fifo") > 10 and errors == [], boosts
         else:
             assert boosts == ["deadline"] * len(boosts) and len(boosts) in (4, 5), boosts   # one per period
             assert len([e for e in errors if "boosts with SCHED_DEADLINE only" in e]) == 1, errors
@@ -1037,7 +1030,7 @@ def test_the_admission_total_is_checked_once_boosts_are_over_after_releases_or_r
         v.fifo_only = False
     sched.fail["deadline"] = errno.EBUSY
     at(3101)
-    assert sw.counters.held["refused"] >= 1 and admission.repairs == 3   # refused, nothing to wait for
+    assert sw.counters.long_waits_held.get("refused", 0) >= 1 and admission.repairs == 3   # refused, nothing to wait for
     at(3150)
     assert admission.repairs == 3                    # refused again, 49 ms later: not yet
     at(3202)
@@ -1070,10 +1063,10 @@ def test_the_admission_total_is_checked_once_boosts_are_over_after_releases_or_r
     at(end + 2003)
     assert admission.repairs == 6 and sw.checking_since is None
     sched.fail["deadline"] = errno.EBUSY             # refused while a boost is held: once a second still
-    refused = sw.counters.held["refused"]
+    refused = sw.counters.long_waits_held.get("refused", 0)
     at(end + 2050)
     at(end + 2200)
-    assert sw.counters.held["refused"] > refused and sw.checking_since is None
+    assert sw.counters.long_waits_held.get("refused", 0) > refused and sw.checking_since is None
     at(end + 3004)
     assert sw.checking_since == (end + 3004) * MS          # what was still pending is checked again
 
