@@ -32,7 +32,8 @@ from cosched.engine.supervisor import Supervisor, spawn_switcher
 from cosched.engine.undo import restore, undo
 from cosched.hostfs import HostFS
 from cosched.model import Snapshot
-from cosched.policy.plan import Plan, untouchable
+from cosched.policy.confinement import untouchable
+from cosched.policy.plan import Plan
 from cosched.switcher import protocol as pr
 
 __all__ = ["Engine"]

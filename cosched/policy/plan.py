@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from cosched.model import Domain, Host, Snapshot
+from cosched.policy import confinement
 from cosched.policy.params import COSTART, COSTOP, QUANTUM
 
 FREEZE, BOOST, RELAXED = "freeze", "boost", "relaxed"
@@ -227,9 +228,9 @@ def _gang(domains: list[Domain], hosted: list[Domain], host: Host, pool: list[in
     admitted: list[Domain] = []
     where: dict[str, list[int]] = {}
     for d in sorted(domains, key=lambda d: d.name):
-        where[d.uuid] = _place(d, allowed[d.uuid], pool)
+        where[d.uuid] = confinement.place(d, allowed[d.uuid], pool)
         if allowed[d.uuid] and where[d.uuid] is None:
-            rejected[d.uuid] = _confined(d, allowed[d.uuid], pool, "gang cell's")
+            rejected[d.uuid] = confinement.confined(d, allowed[d.uuid], pool, "gang cell's")
             continue
         reason = _unfit(d, host, pool)
         if reason is None:
@@ -262,15 +263,15 @@ def _packed(kind: str, domains: list[Domain], host: Host, pool: list[int], cfg: 
     where: dict[str, list[int]] = {}
     # largest first, and among equals the confined ones, whose choice of CPUs is smaller
     for d in sorted(domains, key=lambda d: (-len(d.vcpus), not allowed[d.uuid], d.name)):
-        if allowed[d.uuid] and _place(d, allowed[d.uuid], pool) is None:
-            rejected[d.uuid] = _confined(d, allowed[d.uuid], pool, f"{kind} pool's")
+        if allowed[d.uuid] and confinement.place(d, allowed[d.uuid], pool) is None:
+            rejected[d.uuid] = confinement.confined(d, allowed[d.uuid], pool, f"{kind} pool's")
             continue
         reason = _unfit(d, host, pool)
         if reason:
             rejected[d.uuid] = f"not managed: {reason}"
             continue
         k = len(d.vcpus)
-        fresh = _place(d, allowed[d.uuid], free)
+        fresh = confinement.place(d, allowed[d.uuid], free)
         if fresh is not None:
             where[d.uuid] = fresh
             cells.append(([c for c in free if c in fresh], [d]))
@@ -278,7 +279,7 @@ def _packed(kind: str, domains: list[Domain], host: Host, pool: list[int], cfg: 
             continue
         fitting = [(c, placed) for c in cells
                    if _stall_after([_slot_ms(m) for m in c[1]], _slot_ms(d)) <= cfg.max_stall_ms
-                   and (placed := _place(d, allowed[d.uuid], c[0])) is not None]
+                   and (placed := confinement.place(d, allowed[d.uuid], c[0])) is not None]
         if not fitting:
             rejected[d.uuid] = (f"not managed: no {kind} cell of {k} CPUs has room "
                                 f"(pool {len(pool)} CPUs, max_stall_ms {cfg.max_stall_ms})")
@@ -301,9 +302,9 @@ def _watched(domains: list[Domain], host: Host, pool: list[int], allowed: dict, 
         kind, p = d.policy.kind, dict(d.policy.params)
         placed = None                        # a confined relaxed guest's CPUs, from the next pool CPU on
         if kind == RELAXED and allowed[d.uuid] and pool:
-            placed = _place(d, allowed[d.uuid], pool[next_cpu % len(pool):] + pool[:next_cpu % len(pool)])
+            placed = confinement.place(d, allowed[d.uuid], pool[next_cpu % len(pool):] + pool[:next_cpu % len(pool)])
             if placed is None:
-                rejected[d.uuid] = _confined(d, allowed[d.uuid], pool, "pool's")
+                rejected[d.uuid] = confinement.confined(d, allowed[d.uuid], pool, "pool's")
                 continue
         reason = _unfit(d, host, pool) if kind == RELAXED else (
             None if pool else "the co-scheduling pool is empty (reserved_cpus holds every CPU): nothing may be boosted")
@@ -387,88 +388,6 @@ def _lone_relaxed(cells: list[Cell]) -> list[Cell]:
             if c.mode == FREEZE and len(c.members) == 1 else c for c in cells]
 
 
-def _pins(d: Domain, host: Host) -> dict[int, tuple[int, ...]]:
-    """The platform's pins of each pinned vCPU (a pin to every host CPU is none)."""
-    return {i: c for i, c in d.cputune.pins if set(c) != set(host.cpus)}
-
-
-def _allowed(d: Domain, host: Host, pins: dict[int, tuple[int, ...]]) -> dict[int, tuple[int, ...]]:
-    """The CPUs each vCPU may run on, where the platform confines it more
-    narrowly than the host's CPUs: its pin (``pins``), its thread's affinity
-    when first seen, and its cgroup's cpuset, all at once."""
-    out = {}
-    for v in d.vcpus:
-        cpus = set(host.cpus)
-        for limit in (pins.get(v.index), v.cpus, d.cputune.cgroup_cpus):
-            if limit:
-                cpus &= set(limit)
-        if cpus != set(host.cpus):
-            out[v.index] = tuple(sorted(cpus))
-    return out
-
-
-def _place(d: Domain, allowed: dict[int, tuple[int, ...]], cpus: list[int]) -> list[int] | None:
-    """A CPU of ``cpus`` for each vCPU of ``d``, siblings on distinct CPUs and
-    each within the CPUs it is allowed (``allowed``), taking ``cpus`` in
-    order where there is a choice; None when there is no such placement."""
-    owner: dict[int, int] = {}                       # CPU -> position of the vCPU placed there
-
-    def take(i: int, tried: set[int]) -> bool:      # a free CPU, else one augmenting path of a bipartite matching
-        ok = [c for c in cpus if c not in tried and (allowed.get(d.vcpus[i].index) is None or
-                                                    c in allowed[d.vcpus[i].index])]
-        for c in [c for c in ok if c not in owner] + [c for c in ok if c in owner]:
-            if c in tried:
-                continue
-            tried.add(c)
-            if c not in owner or take(owner[c], tried):
-                owner[c] = i
-                return True
-        return False
-
-    if not all(take(i, set()) for i in range(len(d.vcpus))):
-        return None
-    at = {i: c for c, i in owner.items()}
-    return [at[i] for i in range(len(d.vcpus))]
-
-
-def _confined(d: Domain, allowed: dict[int, tuple[int, ...]], cpus: list[int], kind: str) -> str:
-    """Why a confined guest cannot be placed on ``cpus``."""
-    return ("not managed: the platform confines it ("
-            + ", ".join(f"vCPU {i} to CPU {','.join(map(str, c)) or 'none'}" for i, c in sorted(allowed.items()))
-            + f"), and its {len(d.vcpus)} vCPUs do not fit there one per CPU within the {kind} CPUs "
-            f"({','.join(map(str, cpus))}): cosched never pins a guest outside its CPUs")
-
-
-def _left_alone(d: Domain, pins: dict[int, tuple[int, ...]]) -> tuple[str, tuple[int, ...]] | None:
-    """Why the platform's decisions leave a guest alone, and the CPUs it holds (None: they do not)."""
-    realtime = sorted(set(d.cputune.realtime) | {v.index for v in d.vcpus if v.realtime})
-    if realtime:
-        held = tuple(sorted({c for i in realtime for c in pins.get(i, ())}))
-        return (f"realtime vCPUs: vCPU {', '.join(map(str, realtime))} under SCHED_FIFO or SCHED_RR "
-                "(vcpusched, or as found); never frozen, pinned or boosted"), held
-    own = [pins.get(v.index, ()) for v in d.vcpus]
-    if own and all(len(c) == 1 for c in own) and len({c[0] for c in own}) == len(own):
-        return ("dedicated CPUs: each vCPU pinned to a CPU of its own (" +
-                ", ".join(f"vCPU {v.index} on {c[0]}" for v, c in zip(d.vcpus, own)) +
-                "); nothing to co-schedule"), tuple(sorted(c[0] for c in own))
-    return None
-
-
-def untouchable(d: Domain, host: Host) -> str | None:
-    """Why the platform's decisions keep cosched off a guest whatever it
-    asks (left alone, or confined where its vCPUs cannot each have a CPU),
-    None when they do not. Such a guest is never given per-vCPU cgroups,
-    frozen, pinned or boosted."""
-    pins = _pins(d, host)
-    alone = _left_alone(d, pins)
-    if alone is not None:
-        return alone[0]
-    allowed = _allowed(d, host, pins)
-    if allowed and _place(d, allowed, list(host.cpus)) is None:
-        return _confined(d, allowed, list(host.cpus), "host's")
-    return None
-
-
 def plan(snapshot: Snapshot, cfg: PlanConfig) -> Plan:
     """The plan for every managed guest in ``snapshot``."""
     host = snapshot.host
@@ -477,14 +396,14 @@ def plan(snapshot: Snapshot, cfg: PlanConfig) -> Plan:
     held: set[int] = set()
     allowed: dict[str, dict[int, tuple[int, ...]]] = {}
     for d in snapshot.domains:
-        pins = _pins(d, host)
-        alone = _left_alone(d, pins)
+        pins = confinement.pins(d, host)
+        alone = confinement.left_alone(d, pins)
         if alone is not None:
             held.update(alone[1])
             if d.policy is not None and d.error is None and d.policy.kind != "none":
                 left_alone[d.uuid] = alone[0]
             continue
-        allowed[d.uuid] = _allowed(d, host, pins)
+        allowed[d.uuid] = confinement.allowed(d, host, pins)
         # a guest without vCPU threads is starting or stopping: nothing to plan yet
         if d.policy is not None and d.error is None and d.policy.kind in by_kind and d.vcpus:
             by_kind[d.policy.kind].append(d)

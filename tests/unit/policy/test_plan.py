@@ -370,7 +370,7 @@ def test_a_confined_guest_is_planned_inside_its_cpus_or_not_at_all():
 def test_what_the_platform_keeps_cosched_off_is_known_before_any_plan():
     """A guest found as a process is given per-vCPU cgroups only if nothing
     the platform decided keeps cosched off it (``untouchable``)."""
-    from cosched.policy.plan import untouchable
+    from cosched.policy.confinement import untouchable
     assert untouchable(dom("a"), host(2)) is None
     assert untouchable(tuned(dom("nova"), [(0, (0,)), (1, (1,))]), host(2)).startswith("dedicated CPUs")
     assert untouchable(tuned(dom("rt"), realtime=(1,)), host(2)).startswith("realtime vCPUs: vCPU 1")
