@@ -6,6 +6,7 @@ destroyed at the start and the end of the session.
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 
@@ -15,6 +16,7 @@ from testbed import guests, image, services
 from testbed.daemon import DaemonProcess  # noqa: F401  (tests import it from here)
 
 PREFIX = "cosched-it-"
+SAMPLER_PRIORITY = 40          # SCHED_FIFO: above a gang slot's boost (1), below the switcher (50)
 LEFTOVERS = ("cosched-bench-", "cosched-demo-")     # the project's other test guests (benchmarks, make demo)
 
 
@@ -91,3 +93,20 @@ def start_guest(libvirtd, guest_image):
     yield start
     for g in started:
         g.destroy()
+
+
+@contextlib.contextmanager
+def sampling():
+    """Run the calling thread under SCHED_FIFO while it samples guests'
+    freeze states: above the vCPUs' boosts, below the switcher. Under the
+    host scheduler, beside busy pinned vCPUs, a sampling pass can be held
+    off the CPU for longer than a slot (and a boosted gang keeps it off
+    for the whole slot), so that one pass reads guests' files on both
+    sides of slot changes and sees two guests running that never ran at
+    once, or misses the slots it is to check."""
+    policy, param = os.sched_getscheduler(0), os.sched_getparam(0)
+    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(SAMPLER_PRIORITY))
+    try:
+        yield
+    finally:
+        os.sched_setscheduler(0, policy, param)

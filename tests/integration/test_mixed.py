@@ -13,7 +13,6 @@ guests run at the same time.
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 
@@ -21,12 +20,11 @@ import pytest
 
 from testbed import guests
 
-from .conftest import PREFIX, DaemonProcess
+from .conftest import PREFIX, DaemonProcess, sampling
 
 BARRIER, BUSY, BUSY2 = PREFIX + "mixed-barrier", PREFIX + "mixed-busy", PREFIX + "mixed-busy2"
 ALL = (BARRIER, BUSY, BUSY2)
 MEASURE = 6.0
-SAMPLER_PRIORITY = 40          # SCHED_FIFO: above a gang slot's boost (1), below the switcher (50)
 
 
 def set_policy(name: str, xml: str) -> None:
@@ -61,19 +59,12 @@ def hazard(daemon: DaemonProcess, name: str, seconds: float) -> float:
 def thawed_together(seconds: float) -> tuple[int, int, int]:
     """(samples, samples in which a vCPU of the barrier guest and of a busy
     guest were thawed, twice in a row; samples in which a vCPU of each busy
-    guest was).
-
-    The sampling thread runs under SCHED_FIFO, below the switcher's
-    priority and above the vCPUs' boosts: a gang guest boosted in its slot
-    would otherwise keep it off the CPUs for the whole slot, and the samples
-    would miss the very slots they check."""
+    guest was), sampled under SCHED_FIFO (:func:`.conftest.sampling`)."""
     cgs = {n: sorted(guests.vcpu_cgroups(n)["v2"]) for n in ALL}
     assert all(cgs.values()), f"no vCPU cgroups found: {cgs}"
     samples = crossed = shared = 0
     prev = False
-    policy, param = os.sched_getscheduler(0), os.sched_getparam(0)
-    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(SAMPLER_PRIORITY))
-    try:
+    with sampling():
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             barrier, busy, busy2 = [any(open(f"{cg}/cgroup.events").read().split()[-1] == "0" for cg in files)
@@ -84,8 +75,6 @@ def thawed_together(seconds: float) -> tuple[int, int, int]:
             prev = now
             samples += 1
             time.sleep(0.0005)
-    finally:
-        os.sched_setscheduler(0, policy, param)
     return samples, crossed, shared
 
 
