@@ -20,6 +20,7 @@ boosted; ``apt purge``, which takes the configuration and state away.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import time
@@ -36,15 +37,18 @@ NAMES = ["cosched-it-svc-a", "cosched-it-svc-b"]
 
 
 def copy_repo(dest: Path) -> None:
-    """The project's files, and the in-kernel meter built here: the container
-    has no compiler, as a production host that installs a package built
-    elsewhere."""
+    """The project's files as git has them (a link as a link: the package's
+    presets and runbook are links into the tree), and the in-kernel meter
+    built here: the container has no compiler, as a production host that
+    installs a package built elsewhere."""
     files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
     assert METER.exists(), f"{METER} is not built (`make test` builds it: make meter)"
     for name in [*filter(None, files.decode().split("\0")), str(METER.relative_to(REPO))]:
         src = REPO / name
-        if src.is_file():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        if src.is_symlink():
+            (dest / name).symlink_to(os.readlink(src))
+        elif src.is_file():
             (dest / name).write_bytes(src.read_bytes())
 
 
