@@ -33,7 +33,7 @@ import pytest
 
 from testbed import guests
 
-from .conftest import DaemonProcess
+from .conftest import DaemonProcess, sampling
 
 NAMES = ("cosched-it-pve-a", "cosched-it-pve-b")
 VMIDS = (8101, 8102)
@@ -145,15 +145,16 @@ def test_a_proxmox_style_guest_is_found_placed_ganged_and_given_back(pve, tmp_pa
         assert "vcpus_from_qmp=2" in daemon.log.read_text()               # QEMU's own word on its vCPU threads
         seen, overlaps, prev = set(), 0, False
         samples = 300
-        for _ in range(samples):
-            now = tuple(frozen(g, 0) + frozen(g, 1) for g in gs)
-            seen.add(now)
-            # one pass reads the files one after another: a switch landing between two reads of a
-            # pass is no overlap, two passes in a row that both see them running together are
-            both = all("0" in s for s in now)
-            overlaps += both and prev
-            prev = both
-            time.sleep(0.002)
+        with sampling():
+            for _ in range(samples):
+                now = tuple(frozen(g, 0) + frozen(g, 1) for g in gs)
+                seen.add(now)
+                # one pass reads the files one after another: a switch landing between two reads of a
+                # pass is no overlap, two passes in a row that both see them running together are
+                both = all("0" in s for s in now)
+                overlaps += both and prev
+                prev = both
+                time.sleep(0.002)
         # each guest ran alone in its slots, and every switch waited for the outgoing guest to be
         # frozen before thawing the next (the switcher says when one does not). Once in a clean-clone
         # run one pair of passes out of 300 still saw both running with no such switch reported; the
