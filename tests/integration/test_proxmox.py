@@ -156,11 +156,12 @@ def test_a_proxmox_style_guest_is_found_placed_ganged_and_given_back(pve, tmp_pa
                 prev = both
                 time.sleep(0.002)
         # each guest ran alone in its slots, and every switch waited for the outgoing guest to be
-        # frozen before thawing the next (the switcher says when one does not). Once in a clean-clone
-        # run one pair of passes out of 300 still saw both running with no such switch reported; the
-        # cause is not known (a frozen thread briefly woken by a signal would read so), hence a bound
-        # that a gang which does not rotate (about half the samples) fails by far
-        assert ("00", "11") in seen and ("11", "00") in seen and overlaps < 0.05 * samples, (seen, overlaps)
+        # frozen before thawing the next (the switcher says when one does not). Under the host
+        # scheduler a pass was held off the CPU for up to 63-220 ms, longer than a 30 ms slot, and
+        # read the guests' files on either side of slot changes: 0-3 such pairs of passes in 300.
+        # Under SCHED_FIFO there were none in 3,600 passes (raw runs in the tree of commit b2dbbaf);
+        # one pair is allowed, since a pass still took up to 35 ms there
+        assert ("00", "11") in seen and ("11", "00") in seen and overlaps <= 1, (seen, overlaps)
         assert not [e for e in daemon.status()["daemon"]["engine"]["errors"] if "not frozen" in e]
         progress = [g.iterations() for g in gs]
         time.sleep(1.5)
