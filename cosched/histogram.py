@@ -26,11 +26,6 @@ class Histogram:
             self.counts[-1] += 1
         self.total += value
 
-    def add(self, other: "Histogram") -> None:
-        """Count ``other``'s observations too (the same bounds)."""
-        self.counts = [a + b for a, b in zip(self.counts, other.counts)]
-        self.total += other.total
-
     def quantile(self, q: float) -> float | None:
         """Upper bound of the bucket holding quantile ``q`` (None when empty)."""
         n = sum(self.counts)

@@ -132,10 +132,9 @@ class Stats:
                              (self.boosts, d.boosts), (self.long_waits_held, d.long_waits_held)):
             for k, n in theirs.items():
                 mine[k] = mine.get(k, 0) + n
-        for hist, samples, more in ((self.latency, d.latency_ns, d.latency), (self.lateness, d.lateness_ns, d.lateness)):
+        for hist, samples in ((self.latency, d.latency_ns), (self.lateness, d.lateness_ns)):
             for ns in samples:
                 hist.observe(ns / 1e9)
-            hist.add(more)
         self.forced_thaws += d.forced_thaws
         self.long_waits_reported += d.long_waits_reported
         self.rt_stranded_us += d.rt_stranded_us

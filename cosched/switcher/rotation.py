@@ -144,7 +144,7 @@ class Rotation:
         """
         lone = len(cell.turns) < 2
         turn = set(cell.turns[cell.active])
-        running = [cell.members[i] for i in sorted(turn)]
+        running = cell.running()
         vcpus = self.vcpus
         t0 = self.clock()
         if cell.mode == "freeze" and not lone:
