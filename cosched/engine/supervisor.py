@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import select
 import subprocess
 import sys
 import threading
@@ -116,8 +117,7 @@ class Supervisor:
         self._ready = False
         self.proc = self.factory(env)
         self.proc.started_at = self._heard = time.monotonic()
-        threading.Thread(target=self._read, args=(self.proc,), name="switcher-stats", daemon=True).start()
-        threading.Thread(target=self._watch, args=(self.proc,), name="switcher-watchdog", daemon=True).start()
+        threading.Thread(target=self._read, args=(self.proc,), name="switcher-reader", daemon=True).start()
         proc = self.proc
         with self._acks:
             self._acks.wait_for(lambda: self._ready or proc.poll() is not None, timeout)
@@ -129,28 +129,50 @@ class Supervisor:
         return ready
 
     def _read(self, proc) -> None:
-        for line in proc.stdout:
-            self._heard = time.monotonic()
-            try:
-                msg = pr.decode(line)
-            except ValueError as e:
-                log.warning("action=switcher-message-unreadable error=%r", str(e))
-                continue
-            if isinstance(msg, (pr.Ready, pr.Applied)):
-                with self._acks:
-                    if isinstance(msg, pr.Ready):
-                        with self.lock:
-                            self._stats.realtime = msg.realtime
-                        self._ready = proc.ready = True
-                    else:
-                        self._applied = msg.seq
-                    self._acks.notify_all()
-            elif isinstance(msg, pr.Stats):
-                self._account(msg)
+        """Take the switcher's messages as they come and judge it
+        (:meth:`_judge`) whenever it has been silent for :func:`stall_limit`:
+        one thread, which sleeps while the switcher reports on time."""
+        limit = stall_limit(self.max_stall_ms)
+        fd = proc.stdout.fileno()
+        buf = b""
+        ran, ran_at = self._ran_ns(proc), time.monotonic()
+        timeout: float | None = limit
+        while timeout is not None:
+            if select.select([fd], [], [], timeout)[0]:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    break
+                *lines, buf = (buf + chunk).split(b"\n")
+                for line in lines:
+                    self._take(proc, line)
+                ran, ran_at = self._ran_ns(proc), time.monotonic()   # it ran: it wrote
+            ran, ran_at, timeout = self._judge(proc, limit, ran, ran_at)
+        if timeout is None:
+            return                            # killed as stalled, and already undone
         code = proc.wait()
         with self._acks:
             self._acks.notify_all()
         self._gone(proc, code)
+
+    def _take(self, proc, line: bytes) -> None:
+        """Act on one message from the switcher."""
+        self._heard = time.monotonic()
+        try:
+            msg = pr.decode(line)
+        except ValueError as e:
+            log.warning("action=switcher-message-unreadable error=%r", str(e))
+            return
+        if isinstance(msg, (pr.Ready, pr.Applied)):
+            with self._acks:
+                if isinstance(msg, pr.Ready):
+                    with self.lock:
+                        self._stats.realtime = msg.realtime
+                    self._ready = proc.ready = True
+                else:
+                    self._applied = msg.seq
+                self._acks.notify_all()
+        elif isinstance(msg, pr.Stats):
+            self._account(msg)
 
     def _gone(self, proc, code) -> None:
         """Undo what a switcher that died, or that the watchdog killed, left
@@ -182,41 +204,43 @@ class Supervisor:
         except (OSError, ValueError):
             return None
 
-    def _watch(self, proc) -> None:
+    def _judge(self, proc, limit: float, ran: int | None, ran_at: float) -> tuple[int | None, float, float | None]:
         """Kill the switcher if it stays silent while it has guests to switch
-        or watch and has not run meanwhile (stopped, starved, stuck); the
-        reader thread then undoes and restarts. Its own CPU time tells a
-        stalled switcher from a daemon slow to read it (on a loaded host,
-        this daemon's threads can be held up too); where it cannot be read,
-        silence alone decides. A switcher is judged only once it is ready:
-        until then it has been given nothing (the plan on record is the last
-        one's), and :meth:`_start` times its start. (A new switcher starting
-        on a loaded host was once killed 355 ms into its start, and the next
-        only came 10 s later.)"""
-        limit = stall_limit(self.max_stall_ms)
-        ran, ran_at = self._ran_ns(proc), time.monotonic()
-        while proc.poll() is None and self.proc is proc:
-            time.sleep(limit / 6)
-            now, ran_now = time.monotonic(), self._ran_ns(proc)
-            if ran_now != ran:
-                ran, ran_at = ran_now, now
-            sent = self.sent
-            silent = now - self._heard
-            if (not getattr(proc, "ready", False) or sent is None or not sent.cells or silent < limit
-                    or (ran is not None and now - ran_at < limit) or proc.poll() is not None):
-                continue
-            frozen = self.frozen()
-            log.error("action=switcher-stalled pid=%s silent_ms=%.0f frozen_vcpus=%d: killing it; what it "
-                      "froze or boosted is restored and it is restarted", proc.pid, 1000 * silent, frozen)
-            with self.lock:
-                self._stats.forced_thaws += frozen
-                self._stats.error(f"switcher silent for {1000 * silent:.0f} ms: killed and restarted")
-            proc.stalled = True
-            proc.kill()
-            # killed, it runs no more of its code, but its exit (and the end of its output, which the
-            # reader waits for) can come much later on a loaded host: once 0.6 s later, past max_stall_ms
-            self._gone(proc, "SIGKILL")
-            return
+        or watch and has not run meanwhile (stopped, starved, stuck); what it
+        may have left is undone at once and a new one asked for. ``ran`` is
+        its CPU time (ns) as last read, at ``ran_at`` (monotonic s). Its own
+        CPU time tells a stalled switcher from a daemon slow to read it (on
+        a loaded host, this daemon's threads can be held up too); where it
+        cannot be read, silence alone decides. A switcher is judged only once
+        it is ready: until then it has been given nothing (the plan on record
+        is the last one's), and :meth:`_start` times its start. (A new
+        switcher starting on a loaded host was once killed 355 ms into its
+        start, and the next only came 10 s later.) Returns the CPU time as
+        now known, when it was read, and the seconds until the next
+        judgement (None: killed)."""
+        now = time.monotonic()
+        silent = now - self._heard
+        if silent < limit:
+            return ran, ran_at, limit - silent
+        ran_now = self._ran_ns(proc)
+        if ran_now != ran:
+            ran, ran_at = ran_now, now
+        sent = self.sent
+        if (not getattr(proc, "ready", False) or sent is None or not sent.cells or self.proc is not proc
+                or (ran is not None and now - ran_at < limit) or proc.poll() is not None):
+            return ran, ran_at, limit / 6 if ran is not None and now - ran_at < limit else limit
+        frozen = self.frozen()
+        log.error("action=switcher-stalled pid=%s silent_ms=%.0f frozen_vcpus=%d: killing it; what it "
+                  "froze or boosted is restored and it is restarted", proc.pid, 1000 * silent, frozen)
+        with self.lock:
+            self._stats.forced_thaws += frozen
+            self._stats.error(f"switcher silent for {1000 * silent:.0f} ms: killed and restarted")
+        proc.stalled = True
+        proc.kill()
+        # killed, it runs no more of its code, but its exit (and the end of its output) can come
+        # much later on a loaded host: once 0.6 s later, past max_stall_ms. The undo does not wait.
+        self._gone(proc, "SIGKILL")
+        return ran, ran_at, None
 
     def _account(self, msg: pr.Stats) -> None:
         with self.lock:

@@ -277,6 +277,31 @@ def test_a_silent_switcher_is_killed_and_what_it_froze_is_thawed(fake, fs, tmp_p
         assert engine.release() == []
 
 
+def test_a_healthy_switcher_is_never_judged(fake, fs, tmp_path, monkeypatch):
+    """The reader that takes a busy switcher's reports is also its watchdog:
+    while reports come on time it wakes only to read them."""
+    import select as real
+    from cosched.engine import supervisor
+    silences = []
+
+    class Counting:
+        def select(self, r, w, x, timeout):
+            ready = real.select(r, w, x, timeout)
+            if not ready[0]:
+                silences.append(timeout)
+            return ready
+    monkeypatch.setattr(supervisor, "select", Counting())
+    knob = FakeSched().knob(fs)
+    engine = Engine(fs, Journal(str(tmp_path / "run/journal")), affinity=FakeAffinity().knob(fs), sched=knob,
+                    switcher_factory=ThreadSwitcher.factory(fs, knob), max_stall_ms=400)
+    try:
+        reconcile(engine, snapshot(fake, fs, 2))
+        time.sleep(1.5)
+        assert silences == [] and engine.stats().forced_thaws == 0, (silences, engine.stats().errors)
+    finally:
+        assert engine.release() == []
+
+
 def test_a_switcher_given_work_after_a_quiet_spell_is_not_taken_for_stalled(fake, fs, tmp_path):
     """An idle switcher reports once a second; the plan that gives it cells
     restarts the watchdog's clock, so its first slot is not a stall."""
