@@ -2,7 +2,9 @@
 
 The protocol is :mod:`cosched.switcher.protocol`: one message a line. The loop
 sleeps until the next slot boundary or look, a plan, a report of a long wait,
-or the exit of a vCPU holding RT runtime.
+or the exit of a vCPU holding RT runtime. A report due shortly before a slot
+boundary (within :data:`~cosched.switcher.timing.STATS_SLACK_NS`) is sent at
+that boundary, so that a rotation costs one wake-up per slot change.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from typing import Callable
 
 from cosched.switcher import protocol as pr
 from cosched.switcher.switcher import Switcher
-from cosched.switcher.timing import IDLE_STATS_EVERY_NS, STATS_EVERY_NS
+from cosched.switcher.timing import IDLE_STATS_EVERY_NS, STATS_EVERY_NS, STATS_SLACK_NS
 
 log = logging.getLogger("cosched.switcher")
 
@@ -37,7 +39,7 @@ def serve(sw: Switcher, rfd: int, write: Callable[[str], None], realtime: bool,
     try:
         while not stopping:
             now = time.monotonic_ns()
-            wake = min(d for d in (deadline, next_stats) if d is not None)
+            wake = deadline if deadline is not None and deadline <= next_stats + STATS_SLACK_NS else next_stats
             try:
                 ready, _, _ = select.select([rfd, *sw.grants.exits, *reports], [], [], max(wake - now, 0) / 1e9)
             except InterruptedError:

@@ -1101,3 +1101,42 @@ def test_a_watch_is_taken_again_when_a_vcpus_return_changes(tmp_path):
     assert sw.watching.watched["a"] is not first
     assert sw.vcpus.original[("a", 0, 100, f"{CG2}/machine/a/vcpu0/cgroup.freeze")] == SchedAttr("batch", nice=3)
     sw.release_all()
+
+
+def test_a_rotation_costs_one_wake_up_per_slot_change(tmp_path, monkeypatch):
+    """Two guests taking 30 ms turns change slot about 33 times a second;
+    the reports (10 a second) ride on those wake-ups instead of adding
+    their own (which made about 43)."""
+    import select as real
+    from cosched.switcher import loop as loop_module
+    wakes = []
+
+    class Counting:
+        def select(self, *args):
+            wakes.append(time.monotonic())
+            return real.select(*args)
+    monkeypatch.setattr(loop_module, "select", Counting())
+    fs = tree(tmp_path)
+    sw = Switcher(fs, 500 * MS, sched=FakeSched().knob(fs, time.monotonic_ns))
+    plan = gang(member("a", slot=30), member("b", slot=30))
+    down_r, down_w = os.pipe()
+    up_r, up_w = os.pipe()
+    reports = []
+    loop = threading.Thread(target=serve, args=(sw, down_r, lambda line: os.write(up_w, line.encode()), True))
+    loop.start()
+    try:
+        os.write(down_w, pr.encode(plan).encode())
+        applied(up_r, plan.seq)
+        start = len(wakes)
+        time.sleep(2.0)
+        counted = wakes[start:]
+        buf = b""
+        while real.select([up_r], [], [], 0)[0]:
+            buf += os.read(up_r, 1 << 16)
+        reports = [m for m in map(pr.decode, buf.splitlines()) if isinstance(m, pr.Stats)]
+    finally:
+        os.close(down_w)
+        loop.join(5)
+    per_s = len(counted) / (counted[-1] - counted[0])
+    assert 15 <= per_s <= 38, per_s
+    assert len(reports) >= 15, len(reports)              # still about 10 reports a second
