@@ -27,7 +27,7 @@ LIBDIR ?= /opt/cosched
 SYSCONFDIR ?= /etc/cosched
 UNITDIR ?= /etc/systemd/system
 
-.PHONY: deps runtime-deps venv meter image services test unit kernel integration soak demo bench bench-smoke bench-scale install uninstall clean deb rules
+.PHONY: deps runtime-deps venv meter image services test unit kernel integration soak demo bench bench-smoke bench-scale bench-cost install uninstall clean deb rules
 
 missing = $$(for p in $(1); do \
 	    dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done)
@@ -102,6 +102,12 @@ bench: image services meter
 # costs against the number of vCPUs and guests (synthetic guests, and 100 real ones): about 25 minutes on the 2-CPU development host
 bench-scale: image services meter
 	$(PY) -m benchmarks.scale
+
+# what the default path costs (daemon, switcher, meter) at 4 real guests under cfs, gang and auto,
+# against BASELINE in the same run: about 25 minutes on the 2-CPU development host
+BASELINE ?= 3e6e500
+bench-cost: image services meter
+	$(PY) -m benchmarks.cost --baseline $(BASELINE)
 
 # a small run of the same harness: about 2 minutes (1.7 min on the 2-CPU development host, image and services ready)
 bench-smoke: image services meter

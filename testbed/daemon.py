@@ -18,11 +18,13 @@ def free_port() -> int:
 
 class DaemonProcess:
     """``cosched daemon`` as a subprocess with its own configuration, state
-    directory (``TMP/state``, or the default ``/run/cosched``) and port."""
+    directory (``TMP/state``, or the default ``/run/cosched``) and port;
+    ``cwd``: the checkout whose ``cosched`` it runs (default: this one)."""
 
     def __init__(self, tmp: Path, extra_config: str = "", state_dir: str | None = None, port: int | None = None,
-                 presets_dirs: tuple[str, ...] = ()):
+                 presets_dirs: tuple[str, ...] = (), cwd: Path | None = None):
         self.tmp = Path(tmp)
+        self.cwd = cwd
         self.port = port or free_port()
         self.state_dir = state_dir or f"{tmp}/state"
         self.config = self.tmp / "cosched.toml"
@@ -36,8 +38,8 @@ class DaemonProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "cosched", "daemon", "--config", str(self.config),
              "--metrics-address", f"127.0.0.1:{self.port}", *args],
-            stdout=subprocess.DEVNULL, stderr=open(self.log, "w"), start_new_session=True,
-            env={**os.environ, **(env or {})})
+            stdout=subprocess.DEVNULL, stderr=open(self.log, "w"), start_new_session=True, cwd=self.cwd,
+            env={**os.environ, **({"PYTHONPATH": str(self.cwd)} if self.cwd else {}), **(env or {})})
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.status() is not None:
