@@ -63,6 +63,7 @@ from pathlib import Path
 import psutil
 
 from benchmarks import commit
+from cosched.config import Config
 from cosched.policy.plan import Cell, Member, PlannedVcpu
 from cosched.switcher import protocol as pr
 from cosched.sampler.meter import programs_run_time, run_time_stats
@@ -287,7 +288,7 @@ def summary(res: dict) -> str:
              f"Command: `{res['command']}`" + (f", at commit {res['commit']}." if res.get("commit") else ""), "",
              "## Observation", "",
              f"One daemon watching synthetic guests of {res['config']['per_guest']} vCPUs (threads asleep but for "
-             f"~20 µs every {SLEEP_MS} ms), sample_budget_pct {res['config'].get('sample_budget_pct') or 'default (2)'}, "
+             f"~20 µs every {SLEEP_MS} ms), sample_budget_pct {res['config'].get('sample_budget_pct') or '2 (the default then)'}, "
              f"every guest under `none`, for {res['config']['seconds']:g} s"
              + (f" from {res['config']['warmup_s']:g} s after it showed every vCPU." if "warmup_s" in res["config"]
                 else "."), "",
@@ -386,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
            "commit": commit(),
            "config": {"vcpus": args.vcpus, "per_guest": args.per_guest, "seconds": args.seconds,
                       "sizes": args.sizes, "cells": args.cells, "libvirt_guests": args.libvirt_guests,
-                      "sample_budget_pct": args.sample_budget, "warmup_s": WARMUP_S, "observe": args.observe},
+                      "sample_budget_pct": args.sample_budget or Config().sample_budget_pct, "warmup_s": WARMUP_S, "observe": args.observe},
            "observation": [], "switching": None, "real": None}
     for n in args.vcpus:
         for source in args.observe:

@@ -14,7 +14,7 @@ re-reads it (see :meth:`cosched.daemon.Daemon.reload`); ``connect``,
     the preset of guests without an annotation.
 ``sample_interval_ms`` (integer 1-1000, default 10)
     how often every vCPU's schedstat is read; also the skew window.
-``sample_budget_pct`` (number 0.1-100, default 2)
+``sample_budget_pct`` (number 0.1-100, default 0.5)
     the most CPU the daemon's observation may take, in percent of one CPU
     (sampling, and what the rest of the daemon uses, which comes off first,
     down to half): on a host with many vCPUs the sampling period stretches
@@ -83,7 +83,7 @@ class Config:
     metrics_address: str = "127.0.0.1:9641"
     default_policy: str = "none"
     sample_interval_ms: int = 10
-    sample_budget_pct: float = 2.0
+    sample_budget_pct: float = 0.5
     meter: str = "auto"
     resync_interval_s: float = 5.0
     presets_dirs: tuple[str, ...] = ("/etc/cosched/policies.d",)
