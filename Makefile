@@ -104,7 +104,7 @@ bench-scale: image services meter
 	$(PY) -m benchmarks.scale
 
 # what the default path costs (daemon, switcher, meter) at 4 real guests under cfs, gang and auto,
-# against BASELINE in the same run: about 25 minutes on the 2-CPU development host
+# against BASELINE in the same run: about 12 minutes on the 2-CPU development host
 BASELINE ?= 3e6e500
 bench-cost: image services meter
 	$(PY) -m benchmarks.cost --baseline $(BASELINE)

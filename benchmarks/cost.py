@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
            "config": {"baseline": base, "guests": args.guests, "modes": args.modes, "reps": args.reps,
                       "seconds": args.seconds, "settle": args.settle},
            "runs": []}
-    out = args.out or Path("benchmarks/results") / f"{time.strftime('%Y%m%d')}-{here}-cost"
+    out = args.out or Path("benchmarks/results") / f"{time.strftime('%Y-%m-%d')}-{here}-cost"
     out.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="cosched-cost-base-"))
     tree = worktree(args.baseline, scratch / "tree") if args.baseline else None

@@ -40,7 +40,7 @@ def kept(body: str) -> Path:
 
 @pytest.mark.parametrize("title, following, least", [
     ("Latest full run", "Latest mixed hosts", 10),      # make bench
-    ("Latest mixed hosts", "Scale", 8),                 # the suite's mixed hosts alone, one table a row
+    ("Latest mixed hosts", "Default path cost", 8),                 # the suite's mixed hosts alone, one table a row
 ])
 def test_the_suites_tables_are_what_the_report_draws_from_its_results(title, following, least):
     from benchmarks.report import summary
@@ -58,12 +58,18 @@ def _scale(kept: Path) -> str:
     return summary(json.loads((kept / "results.json").read_text()))
 
 
+def _cost(kept: Path) -> str:
+    from benchmarks.cost import summary
+    return summary(json.loads((kept / "results.json").read_text()))
+
+
 def _soak(kept: Path) -> str:
     from benchmarks.soak import summary
     return summary(json.loads((kept / "results.json").read_text()), json.loads((kept / "figures.json").read_text()))
 
 
 @pytest.mark.parametrize("draw, title, following", [
+    (_cost, "Default path cost", "Scale"),
     (_scale, "Scale", "Fault suite"),
     (_soak, "Fault suite", None),
 ])
