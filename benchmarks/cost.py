@@ -19,7 +19,7 @@ counts for ``--seconds``:
   the benchmark runs (``meter``; it runs in the scheduler, in whatever
   thread switched, and is not in the daemon's time);
 - the daemon's mean sampling period (its samples over the interval: its
-  CPU budget stretches it);
+  CPU budget stretches it), and its switch latency (p50, p99);
 - each guest's progress, from its own live counters (never from cosched),
   summed over the guests as iterations per second.
 
@@ -44,11 +44,12 @@ from pathlib import Path
 import psutil
 
 from benchmarks import commit
-from benchmarks.suite import AUTO_SETTLE, apply_mode, boot_set, in_turn, live_counters, mode_policy
+from benchmarks.suite import AUTO_SETTLE, apply_mode, boot_set, in_turn, live_counters, mode_policy, quantile, scrape
 from cosched.sampler.meter import programs_run_time, run_time_stats
 from testbed import guests, image, services
 from testbed.daemon import DaemonProcess
 
+LATENCY = "cosched_switch_latency_seconds_bucket"
 PREFIX = "cosched-bench-"       # the suite's guests' prefix: boot_set names them
 METER = "cosched/sampler/meter.bpf.o"
 
@@ -76,19 +77,23 @@ def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: f
     the kernel (where it observes through the meter), the daemon's mean
     sampling period, and the guests' progress, over ``seconds``."""
     with run_time_stats():
+        h0 = scrape(daemon)["hist"].get(LATENCY, [])
         a, m0 = daemon.status()["daemon"], programs_run_time(daemon.proc.pid)
         (d0, s0), g0, t0 = cpu_split(daemon), progress(gs), time.monotonic()
         time.sleep(seconds)
         (d1, s1), g1, t1 = cpu_split(daemon), progress(gs), time.monotonic()
         b, m1 = daemon.status()["daemon"], programs_run_time(daemon.proc.pid)
+        h1 = scrape(daemon)["hist"].get(LATENCY, [])
     span = t1 - t0
+    switch = {f"switch_p{q}_ms": (None if v is None else 1000 * v)
+              for q, v in ((50, quantile(0.5, h0, h1)), (99, quantile(0.99, h0, h1)))}
     samples = b["samples"] - a["samples"]
     modes = {d["name"]: d.get("mode") for d in (daemon.status() or {}).get("domains", [])}
     return {"mode": mode, "seconds": span, "observation": b["observation"]["source"],
             "period_ms": 1000 * span / samples if samples else None,
             "daemon_pct": 100 * (d1 - d0) / span, "switcher_pct": 100 * (s1 - s0) / span,
             "meter_pct": 100 * (m1[0] - m0[0]) / span,
-            "total_pct": 100 * (d1 - d0 + s1 - s0) / span,
+            "total_pct": 100 * (d1 - d0 + s1 - s0) / span, **switch,
             "guest_rates": {n: (g1[n][1] - g0[n][1]) / (g1[n][0] - g0[n][0]) for n in g0},
             "modes": {g.name: modes.get(g.name) for g in gs}}
 
@@ -148,6 +153,17 @@ def summary(res: dict) -> str:
                          f"{_range([r['switcher_pct'] for r in rs])} | {_range([r['total_pct'] for r in rs])} | "
                          f"{_range([r['meter_pct'] for r in rs])} | {_range([r['period_ms'] or 0 for r in rs])} | "
                          f"{_range([sum(r['guest_rates'].values()) for r in rs]).replace('.00', '')} |")
+    timed = [r for r in res["runs"] if r.get("switch_p99_ms") is not None]
+    if timed:
+        lines += ["", "Switch latency (first freeze write to last thaw), from the daemon's histogram, "
+                  "interpolated within its buckets (0.1-0.25 ms wide below 1 ms):", "",
+                  "| mode | commit | p50 ms | p99 ms |", "|---|---|---|---|"]
+        for mode in c["modes"]:
+            for side, name in (("this", res["commit"]), ("baseline", c["baseline"])):
+                rs = [r for r in timed if r["side"] == side and r["mode"] == mode]
+                if rs:
+                    lines.append(f"| {mode} | {name} | {_range([r['switch_p50_ms'] for r in rs])} | "
+                                 f"{_range([r['switch_p99_ms'] for r in rs])} |")
     chosen = sorted({json.dumps(r["modes"], sort_keys=True) for r in res["runs"] if r["mode"] == "auto"})
     if chosen:
         lines += ["", "What `auto` ran, per distinct choice seen at the end of a run: " +
