@@ -205,12 +205,15 @@ class Supervisor:
             return None
 
     def _judge(self, proc, limit: float, ran: int | None, ran_at: float) -> tuple[int | None, float, float | None]:
-        """Kill the switcher if it stays silent while it has guests to switch
-        or watch and has not run meanwhile (stopped, starved, stuck); what it
-        may have left is undone at once and a new one asked for. ``ran`` is
-        its CPU time (ns) as last read, at ``ran_at`` (monotonic s). Its own
-        CPU time tells a stalled switcher from a daemon slow to read it (on
-        a loaded host, this daemon's threads can be held up too); where it
+        """Kill the switcher if it stays silent for ``limit`` while it has
+        guests to switch or watch, and has not run in the last sixth of it
+        either (stopped, starved, stuck); what it may have left is undone at
+        once and a new one asked for. ``ran`` is its CPU time (ns) as last
+        read, at ``ran_at`` (monotonic s): read at each report and, once it
+        is silent, every sixth of ``limit``, so that a switcher that is
+        silent but still runs is looked at again rather than killed, and one
+        stopped just after a report is killed about ``limit`` after it (what
+        it ran after that report is no sign of life). Where its CPU time
         cannot be read, silence alone decides. A switcher is judged only once
         it is ready: until then it has been given nothing (the plan on record
         is the last one's), and :meth:`_start` times its start. (A new
@@ -226,9 +229,11 @@ class Supervisor:
         if ran_now != ran:
             ran, ran_at = ran_now, now
         sent = self.sent
+        look = limit / 6
+        running = ran is not None and now - ran_at < look
         if (not getattr(proc, "ready", False) or sent is None or not sent.cells or self.proc is not proc
-                or (ran is not None and now - ran_at < limit) or proc.poll() is not None):
-            return ran, ran_at, limit / 6 if ran is not None and now - ran_at < limit else limit
+                or running or proc.poll() is not None):
+            return ran, ran_at, look if running else limit
         frozen = self.frozen()
         log.error("action=switcher-stalled pid=%s silent_ms=%.0f frozen_vcpus=%d: killing it; what it "
                   "froze or boosted is restored and it is restarted", proc.pid, 1000 * silent, frozen)
@@ -255,7 +260,7 @@ class Supervisor:
         try:
             proc.stdin.write(pr.encode(pr.Stop()))
             proc.stdin.close()
-        except (BrokenPipeError, OSError):
+        except (BrokenPipeError, OSError, ValueError):    # gone, or killed as stalled (its stdin closed)
             pass
         try:
             proc.wait(timeout=10)

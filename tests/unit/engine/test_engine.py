@@ -277,6 +277,56 @@ def test_a_silent_switcher_is_killed_and_what_it_froze_is_thawed(fake, fs, tmp_p
         assert engine.release() == []
 
 
+@pytest.mark.parametrize("runs_on_s", [0.1, 1.5], ids=["stops-soon", "runs-on"])
+def test_a_silent_switcher_is_killed_a_stall_limit_after_it_last_ran_or_reported(fake, fs, tmp_path, runs_on_s):
+    """The switcher's CPU time tells a silent switcher that still runs from
+    one that stopped: a switcher that falls silent and stops running soon
+    after is killed about a stall limit after its last report (what it ran
+    between that report and the stop is no sign of life); one that goes on
+    running while silent is spared until it stops, and killed soon after."""
+    import threading
+    from cosched.engine.supervisor import stall_limit
+    asked, running, stuck = threading.Event(), threading.Event(), threading.Event()
+    knob = FakeSched().knob(fs)
+    engine = Engine(fs, Journal(str(tmp_path / "run/journal")), affinity=FakeAffinity().knob(fs), sched=knob,
+                    switcher_factory=ThreadSwitcher.factory(fs, knob), resync=asked.set, max_stall_ms=2000)
+    limit = stall_limit(2000)                         # 1 s
+    try:
+        reconcile(engine, snapshot(fake, fs, 2))
+        first = engine.switcher.proc
+        first.switcher.release_all = lambda: None     # killed: it cleans nothing up itself
+        schedstat = fake.root / f"proc/{first.pid}/schedstat"
+        schedstat.parent.mkdir(parents=True)
+        schedstat.write_text("0 0 0\n")
+
+        def run():                                    # its CPU time goes up while it runs
+            ns = 0
+            while running.is_set():
+                ns += 1000
+                (schedstat.parent / "new").write_text(f"{ns} 0 0\n")
+                (schedstat.parent / "new").replace(schedstat)    # whole, as /proc reads are
+                time.sleep(0.01)
+        running.set()
+        threading.Thread(target=run, daemon=True).start()
+        time.sleep(0.3)
+        first.switcher.tick = lambda: stuck.wait()    # silent from its next wake-up on
+        silent = time.monotonic()
+        time.sleep(runs_on_s)
+        assert not asked.is_set(), "killed while it ran"
+        running.clear()                               # and now it stops running
+        stopped = time.monotonic()
+        assert asked.wait(limit + 2), "the stopped switcher was not replaced"
+        killed = time.monotonic()
+        if runs_on_s < limit:
+            assert limit - 0.2 < killed - silent < 1.5 * limit, killed - silent
+        else:
+            assert killed - stopped < 0.5 * limit, killed - stopped
+    finally:
+        running.clear()
+        stuck.set()
+        assert engine.release() == []
+
+
 def test_a_healthy_switcher_is_never_judged(fake, fs, tmp_path, monkeypatch):
     """The reader that takes a busy switcher's reports is also its watchdog:
     while reports come on time it wakes only to read them."""
