@@ -33,7 +33,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -43,7 +42,7 @@ from pathlib import Path
 
 import psutil
 
-from benchmarks import commit
+from benchmarks import as_root, commit, output_options, redrawn, written
 from benchmarks.suite import AUTO_SETTLE, apply_mode, boot_set, in_turn, live_counters, mode_policy, quantile, scrape
 from cosched.sampler.meter import programs_run_time, run_time_stats
 from testbed import guests, image, services
@@ -179,18 +178,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--settle", type=float, default=12.0)
-    ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--report", type=Path, default=None, help="redraw DIR/summary.md from DIR/results.json")
+    output_options(ap)
     args = ap.parse_args(argv)
-    if args.report:
-        res = json.loads((args.report / "results.json").read_text())
-        (args.report / "summary.md").write_text(summary(res))
+    if redrawn(args, summary):
         return 0
-    if os.geteuid() != 0:
-        ap.error("run as root: it starts libvirt guests and daemons")
+    as_root(ap, "it starts libvirt guests and daemons")
     for m in args.modes:
         mode_policy(m)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     services.ensure()
     here = commit()
     base = None
@@ -223,9 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         if tree:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], capture_output=True)
         shutil.rmtree(scratch, ignore_errors=True)
-    text = summary(res)
-    (out / "summary.md").write_text(text)
-    print("\n" + text + f"\nwritten to {out}/")
+    written(out, res, summary)
     return 0
 
 

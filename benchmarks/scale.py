@@ -49,9 +49,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -62,7 +60,7 @@ from pathlib import Path
 
 import psutil
 
-from benchmarks import commit
+from benchmarks import as_root, commit, output_options, redrawn, written
 from cosched.config import Config
 from cosched.policy.plan import Cell, Member, PlannedVcpu
 from cosched.switcher import protocol as pr
@@ -370,16 +368,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sample-budget", type=float, default=None, help="the daemon's sample_budget_pct (default: its own)")
     ap.add_argument("--observe", type=lambda t: [x for x in t.split(",") if x], default=["proc", "meter"],
                     help="observe each count with the sampler (proc), the in-kernel meter (meter), or both")
-    ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--report", type=Path, default=None, help="redraw DIR/summary.md from DIR/results.json")
+    output_options(ap)
     args = ap.parse_args(argv)
-    if args.report:
-        res = json.loads((args.report / "results.json").read_text())
-        (args.report / "summary.md").write_text(summary(res))
+    if redrawn(args, summary):
         return 0
-    if os.geteuid() != 0:
-        ap.error("run as root: it makes cgroups, starts a daemon and guests")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    as_root(ap, "it makes cgroups, starts a daemon and guests")
     services.ensure()
     work = Path(tempfile.mkdtemp(prefix="cosched-scale-"))
     res = {"host": {"cpus": len(os.sched_getaffinity(0)), "kernel": os.uname().release},
@@ -397,12 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     print("switching done", flush=True)
     if args.libvirt_guests:
         res["real"] = real_guests(args.libvirt_guests, work)
-    out = args.out or Path("benchmarks/results") / time.strftime("scale-%Y%m%d-%H%M%S")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(res, indent=1))
-    text = summary(res)
-    (out / "summary.md").write_text(text)
-    print("\n" + text + f"\nwritten to {out}/")
+    written(args.out or Path("benchmarks/results") / time.strftime("scale-%Y%m%d-%H%M%S"), res, summary)
     return 0
 
 
