@@ -40,8 +40,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import psutil
-
 from benchmarks import as_root, commit, output_options, redrawn, written
 from benchmarks.suite import AUTO_SETTLE, apply_mode, boot_set, in_turn, live_counters, mode_policy, quantile, scrape
 from cosched.sampler.meter import programs_run_time, run_time_stats
@@ -51,19 +49,6 @@ from testbed.daemon import DaemonProcess
 LATENCY = "cosched_switch_latency_seconds_bucket"
 PREFIX = "cosched-bench-"       # the suite's guests' prefix: boot_set names them
 METER = "cosched/sampler/meter.bpf.o"
-
-
-def cpu_split(daemon: DaemonProcess) -> tuple[float, float]:
-    """CPU seconds so far of the daemon alone and of its children (the switcher)."""
-    p = psutil.Process(daemon.proc.pid)
-    own = sum(p.cpu_times()[:2])
-    children = 0.0
-    for c in p.children(recursive=True):
-        try:
-            children += sum(c.cpu_times()[:2])
-        except psutil.NoSuchProcess:
-            pass
-    return own, children
 
 
 def progress(gs: list[guests.Guest]) -> dict:
@@ -78,16 +63,17 @@ def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: f
     with run_time_stats():
         h0 = scrape(daemon)["hist"].get(LATENCY, [])
         a, m0 = daemon.status()["daemon"], programs_run_time(daemon.proc.pid)
-        (d0, s0), g0, t0 = cpu_split(daemon), progress(gs), time.monotonic()
+        (d0, s0), g0, t0 = daemon.cpu_split(), progress(gs), time.monotonic()
         time.sleep(seconds)
-        (d1, s1), g1, t1 = cpu_split(daemon), progress(gs), time.monotonic()
-        b, m1 = daemon.status()["daemon"], programs_run_time(daemon.proc.pid)
+        (d1, s1), g1, t1 = daemon.cpu_split(), progress(gs), time.monotonic()
+        end, m1 = daemon.status(), programs_run_time(daemon.proc.pid)
         h1 = scrape(daemon)["hist"].get(LATENCY, [])
     span = t1 - t0
     switch = {f"switch_p{q}_ms": (None if v is None else 1000 * v)
               for q, v in ((50, quantile(0.5, h0, h1)), (99, quantile(0.99, h0, h1)))}
+    b = end["daemon"]
     samples = b["samples"] - a["samples"]
-    modes = {d["name"]: d.get("mode") for d in (daemon.status() or {}).get("domains", [])}
+    modes = {d["name"]: d.get("mode") for d in end["domains"]}
     return {"mode": mode, "seconds": span, "observation": b["observation"]["source"],
             "period_ms": 1000 * span / samples if samples else None,
             "daemon_pct": 100 * (d1 - d0) / span, "switcher_pct": 100 * (s1 - s0) / span,
@@ -126,6 +112,15 @@ def run_side(tree: Path | None, gs: list[guests.Guest], modes: list[str], args, 
     return out
 
 
+def _rows(res: dict, runs: list[dict]):
+    """(mode, commit, its runs) for each mode and commit that has runs, in the tables' order."""
+    for mode in res["config"]["modes"]:
+        for side, name in (("this", res["commit"]), ("baseline", res["config"]["baseline"])):
+            rs = [r for r in runs if r["side"] == side and r["mode"] == mode]
+            if rs:
+                yield mode, name, rs
+
+
 def _range(xs: list[float]) -> str:
     return f"{statistics.median(xs):.2f} ({min(xs):.2f}–{max(xs):.2f})"
 
@@ -143,26 +138,19 @@ def summary(res: dict) -> str:
              f"{c['reps']} repetitions, ranges in brackets.", "",
              "| mode | commit | daemon % | switcher % | total % | meter % | sampling period ms | guests' progress /s |",
              "|---|---|---|---|---|---|---|---|"]
-    for mode in c["modes"]:
-        for side, name in (("this", res["commit"]), ("baseline", c["baseline"])):
-            rs = [r for r in res["runs"] if r["side"] == side and r["mode"] == mode]
-            if not rs:
-                continue
-            lines.append(f"| {mode} | {name} | {_range([r['daemon_pct'] for r in rs])} | "
-                         f"{_range([r['switcher_pct'] for r in rs])} | {_range([r['total_pct'] for r in rs])} | "
-                         f"{_range([r['meter_pct'] for r in rs])} | {_range([r['period_ms'] or 0 for r in rs])} | "
-                         f"{_range([sum(r['guest_rates'].values()) for r in rs]).replace('.00', '')} |")
+    for mode, name, rs in _rows(res, res["runs"]):
+        lines.append(f"| {mode} | {name} | {_range([r['daemon_pct'] for r in rs])} | "
+                     f"{_range([r['switcher_pct'] for r in rs])} | {_range([r['total_pct'] for r in rs])} | "
+                     f"{_range([r['meter_pct'] for r in rs])} | {_range([r['period_ms'] or 0 for r in rs])} | "
+                     f"{_range([sum(r['guest_rates'].values()) for r in rs]).replace('.00', '')} |")
     timed = [r for r in res["runs"] if r.get("switch_p99_ms") is not None]
     if timed:
         lines += ["", "Switch latency (first freeze write to last thaw), from the daemon's histogram, "
                   "interpolated within its buckets (0.1-0.25 ms wide below 1 ms):", "",
                   "| mode | commit | p50 ms | p99 ms |", "|---|---|---|---|"]
-        for mode in c["modes"]:
-            for side, name in (("this", res["commit"]), ("baseline", c["baseline"])):
-                rs = [r for r in timed if r["side"] == side and r["mode"] == mode]
-                if rs:
-                    lines.append(f"| {mode} | {name} | {_range([r['switch_p50_ms'] for r in rs])} | "
-                                 f"{_range([r['switch_p99_ms'] for r in rs])} |")
+        for mode, name, rs in _rows(res, timed):
+            lines.append(f"| {mode} | {name} | {_range([r['switch_p50_ms'] for r in rs])} | "
+                         f"{_range([r['switch_p99_ms'] for r in rs])} |")
     chosen = sorted({json.dumps(r["modes"], sort_keys=True) for r in res["runs"] if r["mode"] == "auto"})
     if chosen:
         lines += ["", "What `auto` ran, per distinct choice seen at the end of a run: " +

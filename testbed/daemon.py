@@ -80,15 +80,19 @@ class DaemonProcess:
 
     def cpu_seconds(self) -> float:
         """CPU time so far of the daemon and its children (the switcher)."""
+        return sum(self.cpu_split())
+
+    def cpu_split(self) -> tuple[float, float]:
+        """CPU seconds so far of the daemon alone and of its children (the switcher)."""
         import psutil
         p = psutil.Process(self.proc.pid)
-        total = sum(p.cpu_times()[:2])
+        children = 0.0
         for c in p.children(recursive=True):
             try:
-                total += sum(c.cpu_times()[:2])
+                children += sum(c.cpu_times()[:2])
             except psutil.NoSuchProcess:
                 pass
-        return total
+        return sum(p.cpu_times()[:2]), children
 
     def digest(self, chars: int = 10000, stacks: bool = False) -> str:
         """The log's last ``chars`` characters, each run of ``action=restored``
