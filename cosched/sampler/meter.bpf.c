@@ -26,7 +26,9 @@
  * guests) arms its timer when it starts waiting for a CPU; if it is still
  * in that same wait `long_wait_ns` later (config[0]) while a sibling runs,
  * its thread id goes to the `long_waits` ring buffer, which wakes the
- * switcher. So a wait is known long when it is, without a look.
+ * switcher; with no sibling running then, it looks again every
+ * `long_wait_ns` for as long as the wait lasts. So a wait is known long
+ * when it is, without a look.
  */
 #include <stdbool.h>
 #include <linux/types.h>
@@ -149,11 +151,14 @@ struct {
 #define CLOCK_MONOTONIC 1
 
 /* The timer of a watched thread: still in the wait it was armed for, next
- * to a running sibling? Then report it. */
+ * to a running sibling? Then report it. Still in it with no sibling
+ * running: look again long_wait_ns later, so that a wait that turns into a
+ * hazard only when a sibling starts running is reported too. */
 static int expired(void *map, __u32 *key, struct watch *w)
 {
-	__u32 tid = *key, id, state;
+	__u32 tid = *key, id, state, zero = 0;
 	struct thread *t = bpf_map_lookup_elem(&threads, &tid);
+	__u64 *after = bpf_map_lookup_elem(&config, &zero);
 	struct guest *g;
 	__u32 *out;
 	__u64 since;
@@ -168,8 +173,13 @@ static int expired(void *map, __u32 *key, struct watch *w)
 	if (state != WAITING || since != w->since)
 		return 0;
 	g = bpf_map_lookup_elem(&guests, &id);
-	if (!g || *(volatile __s32 *)&g->running <= 0)
+	if (!g)
 		return 0;
+	if (*(volatile __s32 *)&g->running <= 0) {
+		if (after && *after)
+			bpf_timer_start(&w->timer, *after, 0);
+		return 0;
+	}
 	out = bpf_ringbuf_reserve(&long_waits, sizeof(*out), 0);
 	if (out) {
 		*out = tid;
