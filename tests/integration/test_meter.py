@@ -219,6 +219,62 @@ def test_the_meter_reports_each_long_wait_of_a_watched_thread_once_as_it_turns_l
         assert counts[p.pid] * 0.0005 <= waited[p.pid] + 0.001, (counts, waited)   # each at least 0.5 ms long
 
 
+HOG = """
+import os, sys
+os.sched_setaffinity(0, {%d})
+os.setpriority(os.PRIO_PROCESS, 0, %d)
+sys.stdin.readline()                      # asleep until told
+sys.stdout.write("go\\n"); sys.stdout.flush()
+while True:
+    pass
+"""
+
+
+def hog(cpu: int, nice: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", HOG % (cpu, nice)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+
+
+def test_a_wait_that_turns_long_beside_a_sibling_only_later_is_reported_when_the_sibling_runs(meter):
+    """A watched thread queued for seconds behind a stronger task on CPU 0
+    while its only sibling sleeps is not reported; once the sibling starts
+    running on CPU 1, that same wait is reported within milliseconds."""
+    a, b, x = hog(0, 19), hog(1, 0), hog(0, -20)     # x is not the guest's: it only holds CPU 0
+    lw = None
+    try:
+        time.sleep(0.3)                                   # all asleep on stdin
+        meter.add(6, {a.pid: SLEEPING, b.pid: SLEEPING})
+        lw = LongWaits(meter.long_waits(), meter.lib)
+        lw.set_after(500_000)
+        lw.watch(a.pid)
+        for p in (x, a):
+            p.stdin.write("go\n")
+            p.stdin.flush()
+            assert p.stdout.readline() == "go\n"
+        time.sleep(0.2)                                   # a waits behind x; b sleeps
+        early = lw.take()
+        picks = switch_ins(a.pid)
+        b.stdin.write("go\n")
+        b.stdin.flush()
+        assert b.stdout.readline() == "go\n"
+        woke = time.monotonic()
+        ready, _, _ = select.select([lw.fileno()], [], [], 1.0)
+        late = time.monotonic() - woke
+        reports = lw.take() if ready else []
+        same_wait = switch_ins(a.pid) == picks
+    finally:
+        if lw is not None:
+            lw.set_after(0)
+            lw.close()
+        for p in (a, b, x):
+            p.kill()
+            p.wait()
+    assert early == [], early                   # no running sibling: nothing to report
+    assert reports == [a.pid], (reports, late)  # the subject: reported once its sibling ran
+    assert same_wait, "a was switched in meanwhile: its report may come from a new wait"
+    assert late < 0.05, late
+
+
 def switch_ins(pid: int) -> int:
     return int(Path(f"/proc/{pid}/schedstat").read_text().split()[2])
 
@@ -247,10 +303,10 @@ def test_a_daemon_counts_a_real_guest_with_the_meter_or_from_proc(start_guest, t
         assert daemon.stop() == 0, daemon.log.read_text()
 
 
-def test_a_daemon_with_the_meter_has_the_long_waits_of_calm_boost_guests_reported(start_guest, tmp_path):
-    """Two `blocking` guests under `boost` on two CPUs: their vCPUs mostly
-    sleep, so the switcher looks at them less often than every poll, and
-    the meter reports their long waits to it; it boosts them."""
+def test_a_daemon_with_the_meter_has_the_long_waits_of_boost_guests_reported(start_guest, tmp_path):
+    """Two `blocking` guests under `boost` on two CPUs: the meter reports
+    their long waits to the switcher, which boosts them, and says in its
+    log that their looks are reported."""
     daemon = DaemonProcess(tmp_path).start()                # the meter is the default
     try:
         gs = [start_guest(f"reports-{i}", workload="blocking", policy=guests.annotation("boost")) for i in range(2)]
@@ -262,5 +318,7 @@ def test_a_daemon_with_the_meter_has_the_long_waits_of_calm_boost_guests_reporte
         boosts = {d["name"]: sum(v["boosts"] for v in d["vcpus"]) for d in daemon.status()["domains"]
                   if d["name"] in {g.name for g in gs}}
         assert set(boosts) == {g.name for g in gs} and sum(boosts.values()) > 0, boosts
+        for g in gs:
+            assert f"domain={g.name} action=watch mode=boost looks=reported" in daemon.log.read_text()
     finally:
         assert daemon.stop() == 0, daemon.log.read_text()
