@@ -1,10 +1,11 @@
 """The per-guest rules of ``boost`` and ``relaxed``: pure state machines.
 
-The switcher polls watched vCPU threads (every 0.5 ms; a ``boost`` guest
-without long waits less often, see :class:`BoostRules`) and feeds what it saw to
-one :class:`BoostRules` or :class:`RelaxedRules` per guest; they answer which vCPUs
-to boost, unboost, co-stop (freeze) and co-start (thaw). No I/O here, so
-the rules are tested on synthetic streams.
+The switcher looks at watched vCPU threads (every 0.5 ms; a ``boost`` guest
+without long waits less often, or, where the meter reports its long waits,
+only when one is reported and until it is answered, see :class:`BoostRules`)
+and feeds what it saw to one :class:`BoostRules` or :class:`RelaxedRules`
+per guest; they answer which vCPUs to boost, unboost, co-stop (freeze) and
+co-start (thaw). No I/O here, so the rules are tested on synthetic streams.
 
 How it works, with the measurements behind it: ``docs/design/watch.md``.
 """
@@ -92,6 +93,12 @@ class BoostRules:
     looks saw them (at least the time it ran in them): the RT runtime
     granted to its cgroup, past which the kernel throttles it, and a
     throttled vCPU boosted with SCHED_FIFO does not run at all.
+
+    Where its long waits are reported (:attr:`reported`, set by the
+    switcher once the meter reports them), the guest is looked at only while
+    it needs looks: while a vCPU holds a boost (to end it) or a long wait is
+    still unanswered (held back, or no sibling ran at its look), every poll;
+    otherwise at the next report (``next_in`` None).
     """
 
     def __init__(self, n: int, boost_ns: int, pause_ns: int, period_ns: int = 0, fifo: bool = False,
@@ -103,8 +110,9 @@ class BoostRules:
         self.fifo_budget_ns = fifo_budget_ns
         self.vcpus = [_Vcpu() for _ in range(n)]
         self.every = 1           # look at this guest every that many polls
-        self.next_in = 1         # polls until the next look
+        self.next_in: int | None = 1   # polls until the next look (None: at the next report)
         self._calm = 0           # looks since the last long wait, at this pace
+        self.reported = False    # its long waits are reported (step's ``long``): looked at only when needed
 
     def _long_waits(self, seen: list[Look], reported=()) -> tuple[list[bool], list[bool], list[bool]]:
         """Per vCPU: whether it waits; whether it waited at the last look
@@ -118,6 +126,8 @@ class BoostRules:
         return waiting, looked, long
 
     def _pace(self, waiting: list[bool], long: list[bool], running: list[int]) -> None:
+        if self.reported:
+            return                            # step sets next_in once it knows its boosts
         if any(long):
             self.every, self._calm = 1, 0
         else:
@@ -239,6 +249,10 @@ class BoostRules:
                     if room > 0 and v.boosted_at is None and not self._why_not(v, now):
                         self._start(j, now, seen, out)
                         room -= 1
+        if self.reported and trigger is None:
+            # a boost to end, or a long wait still unanswered: the next poll; else the next report
+            unanswered = any(w and v.boosted_at is None for w, v in zip(waited, self.vcpus))
+            self.next_in = 1 if self.boosted or unanswered else None
         return out
 
 

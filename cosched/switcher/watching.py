@@ -4,8 +4,8 @@ Each watched guest is looked at through descriptors of its vCPU threads'
 ``/proc`` files, as often as its rules ask (:mod:`cosched.policy.watch`):
 ``BoostRules`` boosts a vCPU kept waiting while a sibling runs, ``RelaxedRules`` also
 co-stops the vCPU that ran ahead. With the in-kernel meter, the long waits of
-a calm ``boost`` guest are reported as they turn long, and the guest is
-looked at then.
+a ``boost`` guest are reported as they turn long, and the guest is looked at
+then, and until the boosts they led to are over: it is not polled otherwise.
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ class Watched:
                                                              # SCHED_FIFO fallback at once while this plan (its
                                                              # pinning) holds (BoostRules.fifo_only)
     seen: list[Look | None] = field(default_factory=list)    # the last look's
-    due: int = 0                                             # when its next look is (monotonic ns)
+    due: int | None = 0                                      # when its next look is (monotonic ns; None: at a report)
     long: set[int] = field(default_factory=set)              # vCPUs reported in a long wait since the last look
     subscribed: bool = False                                 # the meter reports its long waits (Watching._subscribe)
     back: tuple = ()                                         # its vCPUs' returns (VcpuReturn or None) it was given
@@ -89,7 +89,7 @@ class Watching:
     def start(self, watched: dict[str, Watched]) -> None:
         """Put ``watched`` in force; a new guest is due a look at once."""
         self.watched = watched
-        self.next_poll = min(w.due for w in watched.values()) if watched else None
+        self.after_poll()
 
     def stop(self, now: int) -> None:
         for w in self.watched.values():
@@ -146,29 +146,28 @@ class Watching:
                 fds.append(None)                       # gone: discovery will notice
                 if e.errno in OUT_OF_FILES:
                     self.error(f"domain={m.name} vcpu={v.index}: {e.strerror}: the guest is not watched")
-        log.info("domain=%s action=watch mode=%s", m.name, cell.mode)
-        return Watched(cell.id, m, rules, fds, keys_of(m))
+        w = Watched(cell.id, m, rules, fds, keys_of(m))
+        self._subscribe(w)
+        log.info("domain=%s action=watch mode=%s looks=%s", m.name, cell.mode, "reported" if w.subscribed else "polled")
+        return w
 
     def _subscribe(self, w: Watched) -> None:
-        """Have the meter report the long waits of a ``boost`` guest while it
-        is calm (looked at less often than every poll), and not otherwise:
-        a guest looked at every poll has its long waits seen within a poll
-        of their start anyway, and reports would only add wake-ups."""
-        if self.long_waits is None or not isinstance(w.rules, BoostRules) or (w.rules.every > 1) == w.subscribed:
+        """Have the meter report the long waits of a ``boost`` guest, which
+        is then looked at only when its rules need it (``BoostRules.reported``);
+        where the meter cannot, it is polled."""
+        if self.long_waits is None or not isinstance(w.rules, BoostRules):
             return
-        w.subscribed = not w.subscribed
         m = w.plan
         try:
             for v in m.vcpus:
-                if w.subscribed:
-                    self.long_waits.watch(v.tid)
-                    self._subscribed[v.tid] = (m.uuid, v.index)
-                else:
-                    self._unsubscribe(v.tid)
-        except OSError as e:              # left subscribed, with nothing reported: tried again at its next calm
+                self.long_waits.watch(v.tid)
+                self._subscribed[v.tid] = (m.uuid, v.index)
+        except OSError as e:
             for v in m.vcpus:
                 self._unsubscribe(v.tid)
             self.error(f"domain={m.name}: {e}; its long waits are found by looks alone")
+            return
+        w.rules.reported = w.subscribed = True
 
     def _unsubscribe(self, tid: int) -> None:
         if self._subscribed.pop(tid, None) is not None:
@@ -276,13 +275,13 @@ class Watching:
         order = list(self.watched.values())          # each poll another guest first: the room is shared
         self._turn = (self._turn + 1) % len(order) if order else 0
         for w in order[self._turn:] + order[:self._turn]:
-            if w.due > now + WATCH_POLL_NS // 4:      # not due (guests due about now share this wake-up)
+            if w.due is None or w.due > now + WATCH_POLL_NS // 4:   # not due (those due about now share this wake-up)
                 continue
             rules = w.rules
             seen = [self._see(fds, before) for fds, before in zip(w.fds, w.seen or [None] * len(w.fds))]
             w.seen = seen
             if not seen or any(s is None for s in seen):
-                w.due = now + rules.next_in * WATCH_POLL_NS
+                w.due = now + (rules.next_in or 1) * WATCH_POLL_NS    # gone: looked at until discovery says so
                 continue
             keys = w.keys
             if isinstance(rules, RelaxedRules):      # a forced thaw ends a co-stop too
@@ -293,8 +292,7 @@ class Watching:
                 w.long = set()
             else:
                 acts = rules.step(now, seen, 0 if w.boost_failed else max(room, 0))
-            self._subscribe(w)
-            w.due = now + rules.next_in * WATCH_POLL_NS
+            w.due = None if rules.next_in is None else now + rules.next_in * WATCH_POLL_NS
             if not w.boost_failed:
                 held = dict(acts.held)
                 if checking and "room" in held:    # no room: the admission total is checked
@@ -325,5 +323,6 @@ class Watching:
         return refused
 
     def after_poll(self) -> None:
-        """The next look is the earliest due, from now: no catch-up burst when late."""
-        self.next_poll = min(w.due for w in self.watched.values())
+        """The next look is the earliest due, from now: no catch-up burst when
+        late; None while every guest waits for a report."""
+        self.next_poll = min((w.due for w in self.watched.values() if w.due is not None), default=None)

@@ -299,6 +299,40 @@ def test_bcs_looks_less_often_without_long_waits_and_at_once_when_one_may_start(
     assert bcs.next_in == 2
 
 
+def test_bcs_with_reported_long_waits_asks_for_looks_only_while_a_boost_or_a_long_wait_is_open():
+    """Reported, a guest needs no look while nothing is boosted and no long
+    wait is unanswered, not even beside a runner (the meter reports it when
+    it turns long); a reported wait held back by the pause is looked at every
+    poll and boosted once the pause is over."""
+    a, b = Thread(cpu=0), Thread(cpu=1)
+    bcs = BoostRules(2, boost_ns=2 * MS, pause_ns=2 * MS)
+    bcs.reported = True
+    a.runs(MS), b.runs(MS)
+    poll(bcs, 0, [a, b])
+    assert bcs.next_in is None
+    b.waits()
+    a.runs(MS)
+    assert poll(bcs, 1 * MS, [a, b]).boost == [] and bcs.next_in is None
+    a.runs(MS)
+    assert bcs.step(2 * MS, [a.seen(), b.seen()], 4, long={1}).boost == [1, 0] and bcs.next_in == 1
+    b.picked()
+    a.runs(MS)
+    assert sorted(poll(bcs, 3 * MS, [a, b]).unboost) == [1]
+    a.runs(MS)
+    assert poll(bcs, 4 * MS, [a, b]).unboost == [0] and bcs.next_in is None   # boost-ms over: no look needed
+    b.waits()
+    a.runs(MS)
+    acts = bcs.step(4 * MS + MS // 2, [a.seen(), b.seen()], 4, long={1})
+    assert acts.boost == [] and acts.held == {"pause": 1} and bcs.next_in == 1
+    for t in range(5, 8):
+        a.runs(MS)
+        acts = poll(bcs, t * MS, [a, b])
+        if acts.boost:
+            break
+        assert bcs.next_in == 1
+    assert acts.boost == [1] and t * MS >= 3 * MS + 2 * MS    # its last boost ended at 3 ms, the pause 2 ms
+
+
 def test_bcs_looks_at_a_guest_whose_vcpus_mostly_sleep_as_at_a_busy_one():
     """A pingpong guest's vCPUs idle more than half their active time, and
     its waits gain from boosts that come soon: looked at every fourth poll

@@ -505,14 +505,14 @@ class Reports:
         return got
 
 
-def test_a_wait_the_meter_reports_long_gets_a_calm_guest_looked_at_and_boosted_at_once(tmp_path):
-    """A boost guest whose vCPUs sleep is looked at every 8 ms at most, and
-    its threads are reported while it is that calm; the meter's report of a
-    long wait has it looked at now, and the wait boosted at that first look.
-    Looked at every poll, or unwatched, its threads are not reported."""
+def test_a_boost_guest_whose_long_waits_are_reported_is_looked_at_only_from_a_report_until_its_boosts_end(tmp_path):
+    """With the meter's reports, a boost guest's threads are reported from
+    its first look on, and it is not polled: a wait beside a running sibling
+    is left to the meter. The meter's report of a long wait has the guest
+    looked at now and the wait boosted at that look; the guest is then looked
+    at every poll until its boosts are over, and again only at a report."""
     from cosched.switcher.boosts import boost_attr
     from cosched.switcher.timing import LONG_WAIT_NS
-    from cosched.policy.watch import SLOWEST
     fs, clock, sched, reports = tree(tmp_path), Clock(), FakeSched(), Reports()
     procs = Procs(fs, (100, 101))
     for tid in procs.state:
@@ -521,33 +521,34 @@ def test_a_wait_the_meter_reports_long_gets_a_calm_guest_looked_at_and_boosted_a
     sw = Switcher(fs, 500 * MS, sched=sched.knob(fs, clock), clock=clock, long_waits=reports)
     assert reports.after == LONG_WAIT_NS
     sw.apply(watched("boost", replace(member("a"), boost_ms=2)))
-    sw.tick()
-    assert reports.watching == set()                     # new: looked at every poll
-    for _ in range(100):
-        clock.now = sw.tick()
-    assert sw.tick() - clock.now == SLOWEST * POLL        # calm: the next look 8 ms away
     assert reports.watching == {100, 101}
+    assert sw.tick() is None                             # looked at once: nothing due until a report
     clock.now += POLL
     for tid in procs.state:                              # both woke: vCPU 0 runs, vCPU 1 waits
         procs.state[tid][0] = "R"
     procs.runs(100)
     procs.write(101)
-    assert sw.tick() > clock.now and sched.calls == []   # not due: nothing looked at
+    assert sw.tick() is None and sched.calls == []       # not looked at
     reports.pending = [101, 999]                         # a thread it does not watch: ignored
     sw.take_reports(clock.now)
-    sw.tick()
+    assert sw.tick() == clock.now + POLL                 # a boost to end: the next poll
     assert sched.attrs[101] == boost_attr(2)
-    assert reports.watching == {100, 101}                # a wait reported long leaves the pace as it was
-    clock.now += POLL
     procs.picked(101)                                    # it ran: its boost ends
-    sw.tick()
-    procs.preempted(101)
-    for _ in range(3):                                   # a long wait two looks see: every poll again
+    for _ in range(2 * MS // POLL + 1):                  # the runner's too, by boost-ms at the latest
+        clock.now += POLL
         procs.runs(100)
-        clock.now = sw.tick()
-    assert reports.watching == set()
+        if sw.tick() is None:
+            break
+    assert sw.tick() is None and all(a == SchedAttr() for a in sched.attrs.values()), sched.attrs
+    made = len(sched.calls)
+    procs.preempted(101)                                 # a new wait beside the runner: the meter's to report
+    for _ in range(3):
+        clock.now += POLL
+        procs.runs(100)
+        assert sw.tick() is None
+    assert len(sched.calls) == made
     sw.apply(pr.Orders(2, 500, None, ()))
-    assert sched.attrs[101] == SchedAttr()
+    assert reports.watching == set()
 
 
 def first_boost(fs, procs, clock, sched: FakeSched) -> Switcher:
