@@ -1,10 +1,11 @@
 """What cosched's default path costs the host, against an earlier commit, in one run.
 
-    python -m benchmarks.cost [--baseline REV] [--guests 4] [--modes cfs,gang,auto]
-        [--reps 3] [--seconds 20] [--settle 12] [--out DIR]
+    python -m benchmarks.cost [--baseline REV] [--guests 4] [--workload barrier]
+        [--modes cfs,gang,auto] [--reps 3] [--seconds 20] [--settle 12] [--out DIR]
     python -m benchmarks.cost --report DIR
 
-Real 2-vCPU TCG guests running the spin-barrier workload are booted once.
+Real 2-vCPU TCG guests running one workload (``--workload``: the spin
+barrier by default) are booted once.
 Each repetition runs a daemon of this checkout and one of ``--baseline``
 (a git worktree of that commit, with this checkout's built meter), one
 after the other, the order swapped every repetition (this host drifts
@@ -21,7 +22,12 @@ counts for ``--seconds``:
 - the daemon's mean sampling period (its samples over the interval: its
   CPU budget stretches it), and its switch latency (p50, p99);
 - each guest's progress, from its own live counters (never from cosched),
-  summed over the guests as iterations per second.
+  summed over the guests as iterations per second;
+- under ``boost`` and ``relaxed``, how soon long waits were boosted, from
+  the kernel's trace (the suite's episodes: of the waits beside a running
+  sibling that lasted over 1 ms or were boosted within it, the share
+  boosted within 1 ms of their start, and the median time to that boost),
+  and the boosts the daemon made.
 
 Figures are medians over the repetitions, with their ranges. Output
 (default ``benchmarks/results/<date>-<commit>-cost``): ``results.json``
@@ -38,10 +44,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 from benchmarks import as_root, commit, output_options, redrawn, written
-from benchmarks.suite import AUTO_SETTLE, apply_mode, boot_set, in_turn, live_counters, mode_policy, quantile, scrape
+from benchmarks.suite import (AUTO_SETTLE, SKEW_WINDOW, WORKLOADS, apply_mode, boot_set, in_turn, live_counters,
+                              mode_policy, proc_states, quantile, scrape, silent_states, truth_figures, v2_cgroup)
+from benchmarks.trace import SchedTrace
 from cosched.sampler.meter import programs_run_time, run_time_stats
 from testbed import guests, image, services
 from testbed.daemon import DaemonProcess
@@ -56,19 +65,42 @@ def progress(gs: list[guests.Guest]) -> dict:
     return {name: (t, c["iters"]) for name, (t, c) in live_counters(gs).items()}
 
 
+WATCHED = ("boost", "relaxed")
+
+
 def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: float) -> dict:
     """The daemon's and its switcher's CPU, the meter's programs' run time in
     the kernel (where it observes through the meter), the daemon's mean
-    sampling period, and the guests' progress, over ``seconds``."""
-    with run_time_stats():
+    sampling period, and the guests' progress, over ``seconds``; under a
+    watched mode also the boosts' reaction from a trace."""
+    status = daemon.status()
+    tids = {d["name"]: {v["tid"] for v in d["vcpus"]} for d in status["domains"] if d["name"] in {g.name for g in gs}}
+    pids = {v["tid"]: d["pid"] for d in status["domains"] if d["name"] in tids for v in d["vcpus"]}
+    tracing = mode in WATCHED
+    cgroups = {tid: v2_cgroup(pid, tid) for tid, pid in pids.items()} if tracing else {}
+    with run_time_stats(), (SchedTrace(set(pids), cgroups, calls=True) if tracing else nullcontext()) as tracer:
+        if tracer:
+            time.sleep(0.5)                   # events before t0 give each thread's state at t0
         h0 = scrape(daemon)["hist"].get(LATENCY, [])
-        a, m0 = daemon.status()["daemon"], programs_run_time(daemon.proc.pid)
-        (d0, s0), g0, t0 = daemon.cpu_split(), progress(gs), time.monotonic()
+        a, m0 = daemon.status(), programs_run_time(daemon.proc.pid)
+        (d0, s0), g0, t0, p0 = daemon.cpu_split(), progress(gs), time.monotonic(), proc_states(pids)
         time.sleep(seconds)
-        (d1, s1), g1, t1 = daemon.cpu_split(), progress(gs), time.monotonic()
+        (d1, s1), g1, t1, p1 = daemon.cpu_split(), progress(gs), time.monotonic(), proc_states(pids)
         end, m1 = daemon.status(), programs_run_time(daemon.proc.pid)
         h1 = scrape(daemon)["hist"].get(LATENCY, [])
     span = t1 - t0
+    reaction = None
+    if tracer:
+        eps = [truth_figures(tracer.events, ts, t0, t1, silent_states(p0, p1, span), SKEW_WINDOW,
+                             tracer.calls)["episodes"] for ts in tids.values()]
+        due = sum(e["due"] for e in eps)
+        reaction = {"due": due, "overruns": tracer.overruns,
+                    "in_time": sum(e["due"] * (e["due_in_time"] or 0) for e in eps) / due if due else None,
+                    "p50_ms": [e["reaction_p50_ms"] for e in eps],
+                    "boosts": boosts(end) - boosts(a),
+                    "held": {k: v - a["daemon"]["engine"]["long_waits_held"].get(k, 0)
+                             for k, v in end["daemon"]["engine"]["long_waits_held"].items()}}
+    a = a["daemon"]
     switch = {f"switch_p{q}_ms": (None if v is None else 1000 * v)
               for q, v in ((50, quantile(0.5, h0, h1)), (99, quantile(0.99, h0, h1)))}
     b = end["daemon"]
@@ -80,7 +112,11 @@ def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: f
             "meter_pct": 100 * (m1[0] - m0[0]) / span,
             "total_pct": 100 * (d1 - d0 + s1 - s0) / span, **switch,
             "guest_rates": {n: (g1[n][1] - g0[n][1]) / (g1[n][0] - g0[n][0]) for n in g0},
-            "modes": {g.name: modes.get(g.name) for g in gs}}
+            "modes": {g.name: modes.get(g.name) for g in gs}, "reaction": reaction}
+
+
+def boosts(status: dict) -> int:
+    return sum(v.get("boosts", 0) for d in status["domains"] if d["name"].startswith(PREFIX) for v in d["vcpus"])
 
 
 def worktree(rev: str, where: Path) -> Path:
@@ -130,7 +166,8 @@ def summary(res: dict) -> str:
     lines = ["# Cost of the default path", "",
              f"Host: {res['host']['cpus']} CPUs, kernel {res['host']['kernel']}, guests under TCG (no KVM).", "",
              f"Command: `{res['command']}`, at commit {res['commit']}, against {c['baseline']} in the same run.", "",
-             f"{c['guests']} real 2-vCPU guests running the spin-barrier workload; per repetition and commit one "
+             f"{c['guests']} real 2-vCPU guests running the {c.get('workload', 'barrier')} workload; per repetition "
+             f"and commit one "
              f"daemon puts them under each mode, settles {c['settle']:g} s (auto also {AUTO_SETTLE:g} s to choose) "
              f"and counts {c['seconds']:g} s. CPU in percent of one CPU, the daemon's and its switcher's apart; "
              f"guests' progress from their own counters, summed (iterations per second). Observed by "
@@ -151,6 +188,25 @@ def summary(res: dict) -> str:
         for mode, name, rs in _rows(res, timed):
             lines.append(f"| {mode} | {name} | {_range([r['switch_p50_ms'] for r in rs])} | "
                          f"{_range([r['switch_p99_ms'] for r in rs])} |")
+    reacted = [r for r in res["runs"] if r.get("reaction")]
+    if reacted:
+        lines += ["", "Long waits, from the kernel's trace: the waits beside a running sibling that lasted over "
+                  "1 ms or were boosted within it (due), the share of them boosted within 1 ms of their start, "
+                  "and the median time to that boost (the median over guests); from the daemon, the boosts it "
+                  "made and the long waits it held back, by why:", "",
+                  "| mode | commit | due | boosted within 1 ms | reaction p50 ms | boosts | held |",
+                  "|---|---|---|---|---|---|---|"]
+        for mode, name, rs in _rows(res, reacted):
+            rx = [r["reaction"] for r in rs]
+            held = {}
+            for x in rx:
+                for k, v in x["held"].items():
+                    held[k] = held.get(k, 0) + v
+            p50 = [statistics.median(ms) for x in rx if (ms := [m for m in x["p50_ms"] if m is not None])]
+            lines.append(f"| {mode} | {name} | {_range([x['due'] for x in rx]).replace('.00', '')} | "
+                         f"{_range([100 * (x['in_time'] or 0) for x in rx])}% | {_range(p50) if p50 else '–'} | "
+                         f"{_range([x['boosts'] for x in rx]).replace('.00', '')} | "
+                         f"{', '.join(f'{k} {v}' for k, v in sorted(held.items()) if v) or '–'} (all runs) |")
     chosen = sorted({json.dumps(r["modes"], sort_keys=True) for r in res["runs"] if r["mode"] == "auto"})
     if chosen:
         lines += ["", "What `auto` ran, per distinct choice seen at the end of a run: " +
@@ -162,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--baseline", default=None, help="the commit to measure against (none: this checkout only)")
     ap.add_argument("--guests", type=int, default=4)
+    ap.add_argument("--workload", choices=WORKLOADS, default="barrier")
     ap.add_argument("--modes", type=lambda s: [m for m in s.split(",") if m], default=["cfs", "gang", "auto"])
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=20.0)
@@ -181,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
                               text=True).stdout.strip()
     res = {"host": {"cpus": len(os.sched_getaffinity(0)), "kernel": os.uname().release},
            "command": " ".join(["python -m benchmarks.cost", *sys.argv[1:]]), "commit": here,
-           "config": {"baseline": base, "guests": args.guests, "modes": args.modes, "reps": args.reps,
+           "config": {"baseline": base, "guests": args.guests, "workload": args.workload, "modes": args.modes,
+                      "reps": args.reps,
                       "seconds": args.seconds, "settle": args.settle},
            "runs": []}
     out = args.out or Path("benchmarks/results") / f"{time.strftime('%Y-%m-%d')}-{here}-cost"
@@ -191,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     gs: list[guests.Guest] = []
     try:
         guests.destroy_all(PREFIX)
-        boot_set(["barrier"] * args.guests, 2, image.build(), gs)
+        boot_set([args.workload] * args.guests, 2, image.build(), gs)
         for rep in range(args.reps):
             sides = [("this", None), ("baseline", tree)] if tree else [("this", None)]
             for side, where in (sides if rep % 2 == 0 else sides[::-1]):
