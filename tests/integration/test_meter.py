@@ -136,7 +136,7 @@ def test_a_thread_woken_on_its_idle_cpu_is_metered_as_running_from_its_wake_up(m
         p.wait()
     run, wait = after[0] - before[0], after[1] - before[1]
     t0, t1 = first.threads[p.pid], last.threads[p.pid]
-    assert ins > 1000 and run > 0.05, (ins, run)          # the subject: it woke and ran, often
+    assert ins > 1000 and run > 0.02, (ins, run)          # the subject: it woke and ran, often
     # the kernel bills 1-4 us of each wake-up as run delay; the meter nothing where the CPU idled
     assert t1.wait - t0.wait <= wait + 0.005, (t1.wait - t0.wait, wait, ins)
     assert abs((t1.run - t0.run) - run) < 0.005 + steal + wait, (t1.run - t0.run, run, wait, steal)
