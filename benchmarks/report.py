@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from collections import Counter
 from math import prod
 from statistics import mean, median, pstdev
 
@@ -501,6 +502,26 @@ def cpu_bound(demand: list[float], cpus: int) -> float:
     return total
 
 
+def layout_text(layout: dict | None, label: dict[str, str]) -> str:
+    """The host's composition under ``auto`` (a run's ``layout``) in one line:
+    each cell's turns in order, each with its guests (by ``label``), their
+    mode (``none+slot``: hosted) and its length; then the guests left free."""
+    if not layout:
+        return "no layout"
+    def turn(slots: list[dict]) -> str:
+        mode = "none+slot" if slots[0]["hosted"] else slots[0]["mode"]
+        return f"{' + '.join(label.get(s['domain'], s['domain']) for s in slots)} {mode} {slots[0]['slot_ms']} ms"
+    parts = []
+    for c in layout.get("cells", []):
+        turns: dict[int, list[dict]] = {}
+        for s in c["slots"]:
+            turns.setdefault(s["turn"], []).append(s)
+        parts.append(f"cell {c['cell']} ({c['kind']}, CPUs {','.join(map(str, c['cpus']))}, cycle {c['cycle_ms']} ms): "
+                     + " → ".join(turn(turns[t]) for t in sorted(turns)))
+    free = [label.get(n, n) for n in layout.get("free", [])]
+    return "; ".join(parts + ([f"free: {', '.join(free)}"] if free else [])) or "no cell"
+
+
 def mixed(res: dict) -> list[str]:
     """Mixed hosts: each guest's throughput relative to itself alone, and the sum."""
     runs = [r for r in res["runs"] if r["workload"] == "mixed"]
@@ -554,6 +575,11 @@ def mixed(res: dict) -> list[str]:
                       f"chose: " + "; ".join(f"{rs[0]['guest_workloads'][g]} "
                                             f"{', '.join(sorted({r['modes']['end'][g] for r in rs if r['mode'] == 'auto' and r['modes']['end'].get(g)}))}"
                                             for g in names) + ".", ""]
+        autos = [r for r in rs if r["mode"] == "auto" and "layout" in r]
+        if autos:
+            seen = Counter(layout_text(r["layout"], rs[0]["guest_workloads"]) for r in autos)
+            lines += ["Slots auto laid out, at the end of each repetition:", ""] + [
+                f"- {text} (in {n} of {len(autos)})" for text, n in seen.most_common()] + [""]
     return lines
 
 

@@ -311,7 +311,9 @@ def daemon_now(daemon: DaemonProcess, gs: list[guests.Guest], signals: bool = Fa
     once a second, so a difference of two is off by up to a second's worth.
     With ``signals``, also what ``auto`` measured of each guest under it
     (``cosched explain``'s smoothed contention, idleness, spread and hazard
-    per second), the evidence its choice rests on."""
+    per second), the evidence its choice rests on, and the ``layout`` it
+    made of the host (``cosched explain``'s composition: each cell's turns,
+    and the auto guests left free; None where no guest is under auto)."""
     status = daemon.status() or {}
     doms = {d["name"]: d for d in status.get("domains", [])}
     made = sum(v.get("boosts", 0) for g in gs for v in (doms.get(g.name) or {}).get("vcpus", []))
@@ -322,8 +324,9 @@ def daemon_now(daemon: DaemonProcess, gs: list[guests.Guest], signals: bool = Fa
            "boosts": {"made": made, **{why: held.get(why, 0) for why in HELD}},
            "observation": status.get("daemon", {}).get("observation")}
     if signals:
-        out["signals"] = {g.name: (daemon.explain(g.name) or {}).get("signals") for g in gs
-                          if (doms.get(g.name) or {}).get("policy") == "auto"}
+        said = {g.name: daemon.explain(g.name) or {} for g in gs if (doms.get(g.name) or {}).get("policy") == "auto"}
+        out["signals"] = {name: e.get("signals") for name, e in said.items()}
+        out["layout"] = next((e["host"] for e in said.values() if e.get("host")), None)
     return out
 
 
@@ -407,6 +410,7 @@ def measure(daemon: DaemonProcess, gs: list[guests.Guest], mode: str, seconds: f
         "host_state": {"start": state0, "end": state1},
         "modes": {"start": said0["modes"], "end": said1["modes"]},
         "auto_signals": said1["signals"],
+        "layout": said1["layout"],
         "boosts": {k: said1["boosts"][k] - said0["boosts"][k] for k in said0["boosts"]},
         "observation": said1["observation"],
     }

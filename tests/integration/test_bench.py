@@ -36,6 +36,7 @@ def test_harness_writes_results_summary_and_plots(libvirtd, guest_image, tmp_pat
         assert set(g["held_s"]) <= {"none", "boost", "relaxed", "gang", "partial"}, g
     for r in sweep:
         assert len(r["per_guest"]) == r["guests"]
+        assert r["layout"] is None, r["layout"]      # auto's composition, recorded only where a guest is under auto
         assert r["interval"][1] - r["interval"][0] == pytest.approx(r["wall_seconds"]), r["interval"]
         # every run is measured over its whole interval: from live counters outside batch
         assert r["valid"], (r["mode"], r["per_guest"])

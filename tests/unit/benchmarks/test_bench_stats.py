@@ -437,6 +437,25 @@ def test_mixed_rows_are_told_apart_by_name_and_judged_on_medians():
     assert "the guest auto serves worst (ep threads=1) gets 1.00× its own best static policy (cfs)" in text
 
 
+def test_each_mixed_row_names_the_slots_auto_laid_out_and_how_often():
+    from benchmarks.report import mixed
+    gang = {"cell": "c0", "kind": "gang", "cpus": [0, 1], "cycle_ms": 130, "slots": [
+        {"domain": "g-b", "mode": "gang", "slot_ms": 30, "hosted": False, "turn": 0},
+        {"domain": "g-a", "mode": "none", "slot_ms": 100, "hosted": True, "turn": 1},
+        {"domain": "g-c", "mode": "none", "slot_ms": 100, "hosted": True, "turn": 1}]}
+    def run(rep, layout):
+        return {"workload": "mixed", "unit": "mixed busy2-x3", "guests": 3, "mode": "auto", "rep": rep, "valid": True,
+                "alone": {n: 10.0 for n in ("g-a", "g-b", "g-c")},
+                "guest_workloads": {"g-a": "ep threads=1", "g-b": "barrier", "g-c": "deadline threads=1"},
+                "per_guest": {n: {"rate": 5.0} for n in ("g-a", "g-b", "g-c")},
+                "modes": {"end": {}}, "layout": layout}
+    text = "\n".join(mixed({"runs": [run(0, {"cells": [gang], "free": []}), run(1, {"cells": [gang], "free": []}),
+                                     run(2, {"cells": [], "free": ["g-a", "g-b", "g-c"]})]}))
+    assert ("- cell c0 (gang, CPUs 0,1, cycle 130 ms): barrier gang 30 ms → "
+            "ep threads=1 + deadline threads=1 none+slot 100 ms (in 2 of 3)") in text
+    assert "- free: ep threads=1, barrier, deadline threads=1 (in 1 of 3)" in text
+
+
 def test_each_mixed_row_says_whether_auto_was_tuned_on_it():
     from benchmarks.report import mixed
     from benchmarks.suite import HELD_OUT, MIXED
