@@ -252,20 +252,23 @@ def hazard_episodes(lines: dict[int, list[tuple[float, float, str]]],
     vCPU while it waits (a boost that ran out): it is no reaction."""
     out = []
     for tid, iv in lines.items():
-        runs = [(b, e) for k, kiv in lines.items() if k != tid for b, e, s in kiv if s == RUNNING]
+        union: list[list[float]] = []          # the siblings' running, as sorted disjoint stretches
+        for b, e in sorted((b, e) for k, kiv in lines.items() if k != tid for b, e, s in kiv if s == RUNNING):
+            if union and b <= union[-1][1]:
+                union[-1][1] = max(union[-1][1], e)
+            else:
+                union.append([b, e])
+        ends = [e for _, e in union]
         hits = sorted(t for t, target, ok, raised in calls if target == tid and ok and raised)
         for b, e, s in iv:
             if s != RUNNABLE:
                 continue
-            merged: list[list[float]] = []
-            for lo, hi in sorted((max(rb, b), min(re, e)) for rb, re in runs if rb < e and re > b):
-                if merged and lo <= merged[-1][1]:
-                    merged[-1][1] = max(merged[-1][1], hi)
-                else:
-                    merged.append([lo, hi])
-            for lo, hi in merged:
+            i = bisect.bisect_right(ends, b)       # the first stretch that ends after the wait began
+            while i < len(union) and union[i][0] < e:
+                lo, hi = max(union[i][0], b), min(union[i][1], e)
                 k = bisect.bisect_left(hits, lo)
                 out.append((hi - lo, hits[k] - lo if k < len(hits) and hits[k] <= hi else None))
+                i += 1
     return out
 
 
