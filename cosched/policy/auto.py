@@ -363,11 +363,14 @@ def _under(snap, modes: dict[str, str], hosted: dict[str, float] = {}):
     """``snap`` with each auto guest's policy replaced by its mode in ``modes``;
     a guest in ``hosted`` (uuid: the vCPUs' worth it keeps busy) under
     ``none`` is planned as :data:`~cosched.policy.plan.HOSTED`, with a gang
-    guest's quantum and its ``busy`` figure, by which the shared turn is sized."""
+    guest's quantum, its ``busy`` figure, by which the shared turn is sized,
+    and its ``keep-pct``, which bounds it."""
     def spec(d):
         mode = modes[d.uuid]
         if mode == "none" and d.uuid in hosted:
-            return replace(d.policy, kind=HOSTED, params=resolve("gang", {}, {}) + (("busy", hosted[d.uuid]),))
+            keep = dict(d.policy.params)["keep-pct"]
+            return replace(d.policy, kind=HOSTED,
+                           params=resolve("gang", {}, {}) + (("busy", hosted[d.uuid]), ("keep-pct", keep)))
         return replace(d.policy, kind=mode, params=resolve(mode, {}, {}))
     domains = tuple(replace(d, policy=spec(d)) if d.uuid in modes and d.policy is not None and d.policy.kind == "auto"
                     else d for d in snap.domains)

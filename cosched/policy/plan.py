@@ -155,21 +155,34 @@ def _slot_ms(d: Domain) -> int:
     return p["weight"] * p["quantum-ms"]
 
 
-def hosted_turn_ms(quanta: list[int], busy: list[float], pool_cpus: int) -> int:
+def hosted_turn_ms(quanta: list[int], busy: list[float], pool_cpus: int, gang: list[int] = (),
+                   keep_pct: int = 0) -> int:
     """The length of the turn the hosted guests share: long enough that
     together they get the CPU time per cycle that as many gang guests filling
     the pool would (each its quantum on every pool CPU), on the CPUs their
     busy vCPUs (``busy``: vCPUs' worth of work each) can use at once; in
     steps of :data:`HOSTED_STEP_MS`, so that noise in the measurement does
-    not replan, from the shortest quantum to the longest a quantum may be."""
+    not replan, from the shortest quantum to the longest a quantum may be.
+
+    With ``keep_pct``, at most so long that the gang guests' slots
+    (``gang``) keep that percent of the share of the cycle they would have
+    if the hosted guests took gang slots of their quanta instead (rounded
+    down to a step, never under the shortest quantum)."""
     usable = min(max(sum(busy), 1.0), pool_cpus)
-    turn = sum(quanta) * pool_cpus / usable
-    return int(min(max(round(turn / HOSTED_STEP_MS) * HOSTED_STEP_MS, min(quanta)), QUANTUM.max))
+    turn = round(sum(quanta) * pool_cpus / usable / HOSTED_STEP_MS) * HOSTED_STEP_MS
+    if keep_pct and gang:
+        most = (sum(gang) + sum(quanta)) * 100 / keep_pct - sum(gang)
+        turn = min(turn, int(most // HOSTED_STEP_MS) * HOSTED_STEP_MS)
+    return int(min(max(turn, min(quanta)), QUANTUM.max))
 
 
-def _hosted_turn(domains: list[Domain], pool: list[int]) -> int:
+def _hosted_turn(domains: list[Domain], pool: list[int], gang: list[Domain] = ()) -> int:
+    """The shared turn of hosted ``domains`` beside the ``gang`` guests; the
+    strictest ``keep-pct`` among them bounds it."""
     return hosted_turn_ms([_slot_ms(d) for d in domains],
-                          [dict(d.policy.params).get("busy", len(d.vcpus)) for d in domains], len(pool))
+                          [dict(d.policy.params).get("busy", len(d.vcpus)) for d in domains], len(pool),
+                          [_slot_ms(g) for g in gang],
+                          max(dict(d.policy.params).get("keep-pct", 0) for d in domains))
 
 
 def _member(d: Domain, host: Host, cpus: list[int], boost: bool, cfg: PlanConfig, turn_ms: int = 0) -> Member:
@@ -247,9 +260,10 @@ def _gang(domains: list[Domain], hosted: list[Domain], host: Host, pool: list[in
     sharing: list[Domain] = []
     for d in sorted(hosted, key=lambda d: d.name):
         if (_unfreezable(d, host) is None and
-                _stall_after([_slot_ms(a) for a in admitted], _hosted_turn(sharing + [d], pool)) <= cfg.max_stall_ms):
+                _stall_after([_slot_ms(a) for a in admitted], _hosted_turn(sharing + [d], pool, admitted))
+                <= cfg.max_stall_ms):
             sharing.append(d)
-    turn = _hosted_turn(sharing, pool) if sharing else 0
+    turn = _hosted_turn(sharing, pool, admitted) if sharing else 0
     boost = len(admitted) + bool(sharing) > 1
     members = tuple(_member(d, host, where.get(d.uuid, []), boost and dict(d.policy.params)["boost"], cfg, turn)
                     for d in admitted + sharing)

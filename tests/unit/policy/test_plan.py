@@ -257,6 +257,27 @@ def test_the_hosted_turn_gives_their_busy_vcpus_the_cpu_time_of_as_many_gang_gue
     assert hosted_turn_ms([50] * len(busy), busy, pool) == turn
 
 
+@pytest.mark.parametrize("gang, keep, turn", [([50, 50], 0, 100), ([], 85, 100), ([50, 50], 85, 70),
+                                              ([50, 50], 80, 80), ([50, 50], 100, 50), ([50] * 8, 90, 100)])
+def test_the_hosted_turn_leaves_the_gang_guests_the_share_they_keep(gang, keep, turn):
+    # one busy vCPU on two CPUs would take 100 ms; beside two 50 ms gang slots that leaves each
+    # 50/200 of the cycle against 50/150 if the hosted guest rotated as a gang guest: 75% of it
+    assert hosted_turn_ms([50], [1.0], 2, gang, keep) == turn
+
+
+def test_the_strictest_keep_among_the_hosted_guests_bounds_their_turn():
+    def keeping(name, pct):
+        d = hosted(name, busy=0.5)
+        return d.__class__(**{**d.__dict__, "policy": d.policy.__class__(
+            d.policy.preset, HOSTED, d.policy.params + (("keep-pct", pct),), d.policy.source)})
+    p = plan(snap(host(2), dom("a"), dom("b"), keeping("h1", 0), keeping("h2", 85)), PlanConfig())
+    (cell,) = p.cells
+    assert [[cell.members[i].name for i in t] for t in cell.turns] == [["a"], ["b"], ["h1", "h2"]]
+    # by CPU time alone 200 ms (two quanta on both CPUs, for one CPU's worth of busy vCPUs); kept to 85%
+    # of the 50/200 each gang guest would have beside them as gang guests: at most 135 ms, in 10 ms steps
+    assert cell.turn_ms(cell.turns[-1]) == 130 and cell.cycle_ms == 230
+
+
 def test_busy_guests_left_to_the_host_share_one_turn_that_their_busy_vcpus_fill():
     p = plan(snap(host(2), dom("a"), hosted("h1", busy=1.0), hosted("h2", busy=1.0)), PlanConfig())
     (cell,) = p.cells
