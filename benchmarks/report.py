@@ -563,23 +563,24 @@ def mixed(res: dict) -> list[str]:
                 "(each guest's throughput in proportion to its CPU time, the CPUs to the guests needing fewest "
                 "first; synchronisation costs nothing in this bound).", ""]
         static = [m for m in modes if not m.startswith("auto")]
-        if "auto" in sums and static:
+        for a in (m for m in modes if m.startswith("auto")):
+            laid = [r for r in rs if r["mode"] == a and "layout" in r]
+            seen = Counter(layout_text(r["layout"], rs[0]["guest_workloads"]) for r in laid)
+            slots = [f"Slots {a} laid out, at the end of each repetition:", ""] + [
+                f"- {text} (in {n} of {len(laid)})" for text, n in seen.most_common()] + [""] if laid else []
+            if not static:
+                lines += slots
+                continue
             top = max(static, key=lambda m: sums[m])
             best = {g: max(static, key=lambda m: _median(rel[m][g]) or 0) for g in names
                     if any(_median(rel[m][g]) for m in static)}
-            floor = {g: (_median(rel["auto"][g]) or 0) / _median(rel[best[g]][g]) for g in best}
+            floor = {g: (_median(rel[a][g]) or 0) / _median(rel[best[g]][g]) for g in best}
             worst = min(floor, key=floor.get)
-            lines += [f"auto's sum is {sums['auto'] / sums[top]:.2f}× that of the best static policy ({top}); "
-                      f"the guest auto serves worst ({rs[0]['guest_workloads'][worst]}) gets {floor[worst]:.2f}× "
-                      f"its own best static policy ({best[worst]}). Modes auto "
-                      f"chose: " + "; ".join(f"{rs[0]['guest_workloads'][g]} "
-                                            f"{', '.join(sorted({r['modes']['end'][g] for r in rs if r['mode'] == 'auto' and r['modes']['end'].get(g)}))}"
-                                            for g in names) + ".", ""]
-        autos = [r for r in rs if r["mode"] == "auto" and "layout" in r]
-        if autos:
-            seen = Counter(layout_text(r["layout"], rs[0]["guest_workloads"]) for r in autos)
-            lines += ["Slots auto laid out, at the end of each repetition:", ""] + [
-                f"- {text} (in {n} of {len(autos)})" for text, n in seen.most_common()] + [""]
+            chose = "; ".join(f"{rs[0]['guest_workloads'][g]} " + ", ".join(sorted(
+                {r["modes"]["end"][g] for r in rs if r["mode"] == a and r["modes"]["end"].get(g)})) for g in names)
+            lines += [f"{a}'s sum is {sums[a] / sums[top]:.2f}× that of the best static policy ({top}); "
+                      f"the guest {a} serves worst ({rs[0]['guest_workloads'][worst]}) gets {floor[worst]:.2f}× "
+                      f"its own best static policy ({best[worst]}). Modes {a} chose: {chose}.", ""] + slots
     return lines
 
 
