@@ -47,10 +47,11 @@ Kinds and their parameters:
     ``auto`` leaves the guest to the host scheduler while it is busy and
     gang guests rotate, it runs in the turn the hosted guests share beside
     them, frozen in theirs; false: it is never frozen, at the gang guests' cost.
-    ``keep-pct`` (0-100, default 0): the hosted turn is at most so long that
+    ``keep-pct`` (0-100, default 90): the hosted turn is at most so long that
     each gang guest beside it keeps this percent of the share of the cycle it
     would have if the hosted guests rotated as gang guests; 0: the turn is
-    sized by CPU time alone (:func:`cosched.policy.plan.hosted_turn_ms`).
+    sized by CPU time alone (:func:`cosched.policy.plan.hosted_turn_ms`;
+    measured in ``docs/decisions/0024-gang-guests-keep-their-share.md``).
 """
 from __future__ import annotations
 
@@ -123,7 +124,7 @@ DWELL = Param("dwell-s", int, 5, 1, 3600, "least time between two mode changes o
 SLOT = Param("slot", bool, True, doc="left to the host scheduler while busy: a turn beside gang guests, shared with "
             "the other such guests")
 
-KEEP = Param("keep-pct", int, 0, 0, 100, "percent of their all-gang share of the cycle that gang guests keep beside "
+KEEP = Param("keep-pct", int, 90, 0, 100, "percent of their all-gang share of the cycle that gang guests keep beside "
              "the hosted turn (0: no bound)")
 
 KINDS: dict[str, tuple[Param, ...]] = {
