@@ -189,7 +189,7 @@ def test_a_gang_guest_that_reboots_or_powers_off_from_inside(hosts, guest_image,
         if how == "poweroff":
             stopped(daemon, name, uuid)
         else:
-            daemon.wait(lambda: g.console().count("cosched-ready") >= 2, 60, "booted again")
+            daemon.wait(lambda: g.console().count("cosched-ready") >= 2, 180, "booted again")
             rotating(daemon, name)
             progressing(g, "reboot")
         assert daemon.proc.poll() is None
